@@ -1,0 +1,152 @@
+"""Tensor-parallel building blocks: the only place the model knows it is sharded.
+
+`TPGroup` wraps the explicit torch.distributed ProcessGroup the model talks through (never the
+implicit world group) and short-circuits every collective at size 1. Each layer owns its shard
+of the weight, knows how to read that shard from a checkpoint slice (`weight_loader`), and runs
+its own collective in its own `forward`:
+
+- `ColumnParallelLinear`: output features split in units (heads, or 1); no collective. Units that
+  do not divide by TP but divide TP (few KV heads, many ranks) are replicated.
+- `RowParallelLinear`: input features split; one all-reduce, bias added once after it.
+- `VocabParallelEmbedding`: rows [start, end) of `tpsample.vocab_shard`; one all-reduce.
+- `ParallelLMHead`: the same vocab split; returns this rank's `[rows, V_r]` logits and never
+  gathers them (the sampler decides what crosses ranks).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class TPGroup:
+    """A tensor-parallel group: rank, size and an all-reduce that is a no-op at size 1."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.rank = 0 if group is None else dist.get_rank(group)
+        self.size = 1 if group is None else dist.get_world_size(group)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def __repr__(self) -> str:
+        return f"TPGroup(rank={self.rank}, size={self.size})"
+
+
+def shard_range(num_units: int, tp_size: int, rank: int) -> tuple[int, int]:
+    """This rank's [start, end) in units; units replicate when there are fewer units than ranks."""
+    if num_units % tp_size == 0:
+        per = num_units // tp_size
+        return rank * per, (rank + 1) * per
+    if tp_size % num_units == 0:
+        unit = rank // (tp_size // num_units)
+        return unit, unit + 1
+    raise ValueError(f"{num_units} heads/features cannot be split over tensor_parallel_size={tp_size}")
+
+
+def vocab_range(vocab_size: int, group: TPGroup) -> tuple[int, int]:
+    """The vocabulary columns this rank holds: exactly the sampler's split."""
+    from tpsample import vocab_shard  # one split for the whole library (DESIGN.md section 4)
+
+    return vocab_shard(vocab_size, group.size, group.rank)
+
+
+def _empty(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"{name}: checkpoint shard {tuple(loaded.shape)} != parameter {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_local = x @ W[rows of this rank].T (+ b_local); output stays sharded."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, group: TPGroup,
+                 unit: int = 1):
+        super().__init__()
+        assert out_features % unit == 0
+        start, end = shard_range(out_features // unit, group.size, group.rank)
+        self.out_start, self.out_end = start * unit, end * unit
+        self.out_features_local = self.out_end - self.out_start
+        self.weight = _empty(self.out_features_local, in_features)
+        self.weight.weight_loader = self._load_rows
+        self.bias = _empty(self.out_features_local) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self._load_rows
+
+    def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
+        _copy_checked(param, checkpoint_slice[self.out_start:self.out_end], "ColumnParallelLinear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_local @ W[:, cols of this rank].T) + b; input arrives sharded."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, group: TPGroup,
+                 unit: int = 1):
+        super().__init__()
+        assert in_features % unit == 0
+        start, end = shard_range(in_features // unit, group.size, group.rank)
+        if in_features // unit < group.size:
+            raise ValueError(f"RowParallelLinear cannot replicate its input over {group.size} ranks")
+        self.group = group
+        self.in_start, self.in_end = start * unit, end * unit
+        self.weight = _empty(out_features, self.in_end - self.in_start)
+        self.weight.weight_loader = self._load_cols
+        self.bias = _empty(out_features) if bias else None
+
+    def _load_cols(self, param: nn.Parameter, checkpoint_slice) -> None:
+        _copy_checked(param, checkpoint_slice[:, self.in_start:self.in_end], "RowParallelLinear")
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        y = self.group.all_reduce(F.linear(x_local, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows [vocab_start, vocab_end); ids outside the shard contribute zeros."""
+
+    def __init__(self, vocab_size: int, dim: int, *, group: TPGroup):
+        super().__init__()
+        self.group = group
+        self.vocab_start, self.vocab_end = vocab_range(vocab_size, group)
+        self.weight = _empty(self.vocab_end - self.vocab_start, dim)
+        self.weight.weight_loader = self._load_rows
+
+    def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
+        _copy_checked(param, checkpoint_slice[self.vocab_start:self.vocab_end], "VocabParallelEmbedding")
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        inside = (token_ids >= self.vocab_start) & (token_ids < self.vocab_end)
+        local_ids = torch.where(inside, token_ids - self.vocab_start, 0)
+        emb = F.embedding(local_ids, self.weight) * inside.unsqueeze(-1).to(self.weight.dtype)
+        return self.group.all_reduce(emb)
+
+
+class ParallelLMHead(nn.Module):
+    """Local logits [rows, V_r] for this rank's vocab shard; never gathered here."""
+
+    def __init__(self, vocab_size: int, dim: int, *, group: TPGroup):
+        super().__init__()
+        self.vocab_start, self.vocab_end = vocab_range(vocab_size, group)
+        self.weight = _empty(self.vocab_end - self.vocab_start, dim)
+        self.weight.weight_loader = self._load_rows
+
+    def tie(self, embedding: VocabParallelEmbedding) -> None:
+        assert (embedding.vocab_start, embedding.vocab_end) == (self.vocab_start, self.vocab_end)
+        self.weight = embedding.weight
+
+    def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
+        _copy_checked(param, checkpoint_slice[self.vocab_start:self.vocab_end], "ParallelLMHead")
+
+    def forward(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_rows, self.weight)
