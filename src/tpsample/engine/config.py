@@ -1,0 +1,73 @@
+"""EngineConfig: every knob of the engine, frozen and validated at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramConfig:
+    """Prompt-lookup drafts: match the last n tokens (max_n down to min_n) earlier in the history
+    and propose the up to `num_speculative_tokens` tokens that followed the latest match."""
+    num_speculative_tokens: int = 4
+    min_n: int = 1
+    max_n: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens!r}")
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"ngram sizes must satisfy 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    model: str                                  # local HF folder: config.json + *.safetensors
+    tensor_parallel_size: int = 1
+    strategy: str = "auto"                      # the sampler strategy
+    device: str | None = None                   # None: cuda if one GPU per rank, else cpu
+    dtype: str | None = None                    # None: the checkpoint's dtype
+    gpu_memory_utilization: float = 0.9
+    cpu_memory_bytes: int = 2 << 30             # per-rank budget used to size the KV cache on CPU
+    max_num_seqs: int = 256
+    max_model_len: int | None = None            # None: config max_position_embeddings, capped by KV
+    max_num_batched_tokens: int | None = None   # token budget per step; None: max(2048, seqs*(1+k))
+    speculative_ngram: NgramConfig | None = None
+    kv_cache_tokens: int | None = None          # fixes KV capacity instead of profiling
+    block_size: int = 16
+    max_logprobs: int = 20
+    step_timeout_s: float = 300.0               # a step with no answer from the workers fails
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _positive_int(self.tensor_parallel_size, "tensor_parallel_size")
+        _positive_int(self.max_num_seqs, "max_num_seqs")
+        _positive_int(self.block_size, "block_size")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.device is not None and self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES} or None, got {self.device!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_tokens"):
+            if getattr(self, name) is not None:
+                _positive_int(getattr(self, name), name)
+        if self.speculative_ngram is not None and not isinstance(self.speculative_ngram, NgramConfig):
+            raise ValueError("speculative_ngram must be an NgramConfig or None")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative_ngram is None else self.speculative_ngram.num_speculative_tokens
+
+    @property
+    def token_budget(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(2048, self.max_num_seqs * (1 + self.num_speculative_tokens))
+
+
+def _positive_int(value, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,108 @@
+"""Request-side data: what a caller asks for and what it gets back.
+
+`GuidedDecoding` is the engine's structured-output argument (SamplingParams stays the sampler's
+contract and has no grammar field): pass it as `llm.generate(..., guided=GuidedDecoding(...))`.
+`Request` is the scheduler's mutable record of one request; it lives on rank 0 only.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuidedDecoding:
+    """Exactly one of: a JSON schema (dict or str), a regex, an EBNF grammar, or any JSON object."""
+    json_schema: dict | str | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        chosen = [self.json_schema is not None, self.regex is not None, self.grammar is not None,
+                  bool(self.json_object)]
+        if sum(chosen) != 1:
+            raise ValueError("GuidedDecoding needs exactly one of json_schema, regex, grammar, json_object")
+
+    def key(self) -> tuple[str, str]:
+        """(kind, source) with the schema serialised, so equal requests share a compiled grammar."""
+        if self.json_schema is not None:
+            schema = self.json_schema
+            return "json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return "json_object", ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The logprob and rank of one output token, plus the top-n alternatives (ties -> lower id)."""
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str | None          # "stop" | "length"; None while streaming
+    logprobs: list[TokenLogprob] | None = None
+    text: str | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """What the streaming callback receives after each step that produced tokens for a request."""
+    index: int                          # position of the request in the generate() call
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    req_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: Any                         # tpsample.SamplingParams
+    guided: GuidedDecoding | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    num_computed_tokens: int = 0        # tokens whose K/V sit in the cache
+    block_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    in_sampler: bool = False            # added to the sampler on every rank (kept while preempted)
+    num_preemptions: int = 0
+    matcher: Any = None                 # xgrammar.GrammarMatcher for guided requests
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
+                             self.finish_reason, self.logprobs)

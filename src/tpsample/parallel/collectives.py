@@ -1,0 +1,98 @@
+"""Every collective tpsample issues, in one place.
+
+- At TP=1 each call returns its input (no torch.distributed call at all).
+- Each call waits with the group's timeout; a timeout or a broken connection (a dead rank)
+  raises `CollectiveError` naming the collective, the rank and the likely cause, so a run ends
+  with a message instead of hanging.
+- Each call adds its bytes sent/received (per rank, ring algorithms) to `CommStats`.
+Works on gloo (CPU, and CUDA tensors) and NCCL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .group import TPGroup
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out: a peer rank died, hung or disagreed on shapes."""
+
+
+@dataclass
+class CommStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    num_collectives: int = 0
+
+    def add(self, sent: int, received: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+        self.num_collectives += 1
+
+
+class Collectives:
+    def __init__(self, group: TPGroup):
+        self.group = group
+        self.stats = CommStats()
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    def _wait(self, work, name: str) -> None:
+        try:
+            ok = work.wait(timeout=self.group.timeout)
+        except Exception as exc:  # gloo raises on a closed peer or on timeout
+            raise CollectiveError(
+                f"{name} failed on rank {self.group.rank}/{self.group.size} "
+                f"(timeout {self.group.timeout_s:.0f}s): a peer rank probably died or hung: {exc}") from exc
+        if ok is False:
+            raise CollectiveError(f"{name} timed out on rank {self.group.rank} after {self.group.timeout_s:.0f}s")
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.size == 1:
+            return t
+        t = t.contiguous().clone()
+        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        self._wait(dist.all_reduce(t, op=rop, group=self.group.pg, async_op=True), f"all_reduce({op})")
+        ring = 2 * t.numel() * t.element_size() * (self.size - 1) // self.size
+        self.stats.add(ring, ring)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[*shape] on every rank -> [size, *shape] (rank order)."""
+        if self.size == 1:
+            return t.unsqueeze(0)
+        t = t.contiguous()
+        out = torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
+        work = dist.all_gather_into_tensor(out, t, group=self.group.pg, async_op=True)
+        self._wait(work, "all_gather")
+        nbytes = t.numel() * t.element_size() * (self.size - 1)
+        self.stats.add(nbytes, nbytes)
+        return out
+
+    def all_to_all(self, inp: torch.Tensor, in_splits: list[int], out_splits: list[int]) -> torch.Tensor:
+        """Rows of `inp` split by in_splits go to each rank; returns rows received, by source rank."""
+        if self.size == 1:
+            return inp
+        inp = inp.contiguous()
+        out = torch.empty((sum(out_splits), *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group.pg, async_op=True)
+        self._wait(work, "all_to_all")
+        row = inp[0:1].numel() * inp.element_size() if inp.dim() else inp.element_size()
+        me = self.group.rank
+        self.stats.add(row * (sum(in_splits) - in_splits[me]), row * (sum(out_splits) - out_splits[me]))
+        return out
+
+    def broadcast_int(self, value: int, src: int = 0) -> int:
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        if self.group.backend == "nccl":
+            t = t.cuda()
+        self._wait(dist.broadcast(t, src=dist.get_global_rank(self.group.pg, src) if self.group.pg is not dist.group.WORLD else src,
+                                  group=self.group.pg, async_op=True), "broadcast")
+        return int(t.item())

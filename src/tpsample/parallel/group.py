@@ -1,0 +1,40 @@
+"""TPGroup: the tensor-parallel group as an explicit object (never the implicit world group).
+
+Wraps a torch.distributed ProcessGroup with its rank, size and a collective timeout. `None`
+with no initialised default group means TP=1: every collective short-circuits.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    pg: Optional[object]          # torch.distributed ProcessGroup, None at TP=1
+    rank: int
+    size: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @staticmethod
+    def resolve(group=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "TPGroup":
+        if isinstance(group, TPGroup):
+            return group
+        if group is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                return TPGroup(None, 0, 1, timeout_s)
+            group = dist.group.WORLD
+        return TPGroup(group, dist.get_rank(group), dist.get_world_size(group), timeout_s)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    @property
+    def backend(self) -> str:
+        return "none" if self.pg is None else str(dist.get_backend(self.pg))

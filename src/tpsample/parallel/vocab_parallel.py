@@ -1,0 +1,52 @@
+"""Vocab-parallel strategy: exact sampling from the shards; no rank ever holds a full row.
+
+Contract: in: this rank's `[rows, V_r]` shard in batch order. The single pipeline runs on the
+shard with `ShardReducer`, whose reductions are collectives over O(rows x (TP x small)) values:
+max and integer sums (all-reduce), candidate lists (all-gather), (value, id) winners. out:
+identical `SamplerOutput` on every rank; the same tokens as every other strategy, because each
+reduction is order-independent. Never imports model or engine code.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sampling.output import LogprobsOutput, unpack
+from ..sampling.reducer import best_of_parts
+from .collectives import Collectives
+from .common import StepContext, sample_requests
+from .plan import SamplingPlan
+
+
+class ShardReducer:
+    """Row reductions across the TP group for rows split by vocabulary."""
+
+    def __init__(self, comm: Collectives):
+        self.comm = comm
+        self.num_parts = comm.size
+
+    def max(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(x, "max")
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(x, "sum")
+
+    def cat(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.comm.all_gather(x)                  # [tp, rows, c]
+        return parts.permute(1, 0, 2).reshape(x.shape[0], -1)
+
+    def argmax_pair(self, values: torch.Tensor, ids: torch.Tensor):
+        packed = torch.stack([values.double(), ids.double()], dim=1)   # ids < 2**53: exact
+        parts = self.comm.all_gather(packed)             # [tp, rows, 2]
+        v = parts[:, :, 0].t().to(values.dtype)
+        i = parts[:, :, 1].t().to(torch.int64)
+        return best_of_parts(v, i)
+
+
+class VocabParallel:
+    name = "vocab_parallel"
+
+    def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
+        red = ShardReducer(ctx.comm)
+        block, lp = sample_requests(x, ctx.col_start, plan, ctx, range(plan.num_reqs), red,
+                                    plan.grammar_bitmask, ctx.draft_probs)
+        return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))

@@ -1,0 +1,62 @@
+"""The draw (DESIGN.md section 2, step 10), greedy argmax and the guard (step 12).
+
+All three are a local argmax over the columns held, turned into a row-wide winner by the
+reducer's `argmax_pair` (largest value, ties -> lowest global id). The noise depends only on
+(seed, position, global token id), so the winner does not depend on how columns are split.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .filters import NEG_INF, kept_mask, row_chunks
+from .rng import SALT_DRAW, gumbel_noise
+
+
+def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max value, global id of its first occurrence) per row of z [rows, cols]."""
+    if z.shape[1] == 0:
+        n = z.shape[0]
+        return (torch.full((n,), NEG_INF, device=z.device),
+                torch.full((n,), col_start, dtype=torch.int64, device=z.device))
+    idx = torch.argmax(z, dim=1)
+    return z.gather(1, idx.unsqueeze(1)).squeeze(1), idx + col_start
+
+
+def greedy(l: torch.Tensor, col_start: int, red) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax of the row, ties -> lowest id. l must hold no NaN."""
+    v, i = local_argmax(l, col_start)
+    return red.argmax_pair(v, i)
+
+
+def gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                col_start: int, red, salt: int = SALT_DRAW,
+                exclude: Optional[torch.Tensor] = None,
+                log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """argmax over kept tokens of (score + g(seed, pos, id)); returns (value, global id) per row.
+
+    score is `l` (the processed logits), or `log_weights` when given (residual draws).
+    exclude: [rows] global token id to leave out (-1 = none), for the one-hot residual.
+    A row with no kept token returns value -inf.
+    """
+    n, cols = l.shape
+    best_v = torch.full((n,), NEG_INF, device=l.device)
+    best_i = torch.zeros(n, dtype=torch.int64, device=l.device)
+    ids_all = torch.arange(col_start, col_start + cols, device=l.device)
+    for s, t in row_chunks(n, cols):
+        score = l[s:t] if log_weights is None else log_weights[s:t]
+        g = gumbel_noise(seeds[s:t].to(l.device), positions[s:t].to(l.device), ids_all, salt)
+        z = g.add_(score)
+        keep = kept_mask(l[s:t], thr[s:t]) & (score > NEG_INF)
+        if exclude is not None:
+            keep &= ids_all.unsqueeze(0) != exclude[s:t].to(l.device).unsqueeze(1)
+        z.masked_fill_(~keep, NEG_INF)
+        best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
+        del z, g, keep
+    return red.argmax_pair(best_v, best_i)
+
+
+def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:
+    """Token for rows with nothing finite kept: the raw row's argmax, or 0 if nothing is finite."""
+    return torch.where(torch.isfinite(raw_max) | (raw_max > 0), raw_argmax, torch.zeros_like(raw_argmax))

@@ -1,0 +1,69 @@
+"""Logprobs without a [rows, V] logprob tensor (DESIGN.md section 2, step 11).
+
+From a row (raw or processed, any column range): the row-wide log-sum-exp, the chosen token's
+logprob, its rank (1 + number of tokens with a strictly larger logprob) and the top-n
+(ties -> lower id). Each is a local reduction plus one reducer call.
+"""
+from __future__ import annotations
+
+import torch
+
+from .filters import NEG_INF
+
+
+def log_sum_exp(l: torch.Tensor, red) -> torch.Tensor:
+    m = red.max(l.amax(dim=1)) if l.shape[1] else red.max(torch.full((l.shape[0],), NEG_INF))
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    se = torch.exp((l - m_safe.unsqueeze(1)).double()).sum(dim=1)
+    return (m_safe.double() + torch.log(red.sum(se))).float()
+
+
+def value_at(l: torch.Tensor, token_ids: torch.Tensor, col_start: int, red) -> torch.Tensor:
+    """l[row, token] for a global token id per row, wherever its column lives."""
+    cols = l.shape[1]
+    local = (token_ids >= col_start) & (token_ids < col_start + cols)
+    idx = (token_ids - col_start).clamp(0, max(cols - 1, 0))
+    v = l.gather(1, idx.unsqueeze(1)).squeeze(1) if cols else torch.full_like(token_ids, 0, dtype=l.dtype)
+    return red.max(torch.where(local, v, torch.full_like(v, NEG_INF)))
+
+
+def local_top_n(l: torch.Tensor, n: int, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-n (value desc, id asc) of the local columns, padded with (-inf, -1)."""
+    rows, cols = l.shape
+    vals = torch.full((rows, n), NEG_INF, device=l.device)
+    ids = torch.full((rows, n), -1, dtype=torch.int64, device=l.device)
+    c = min(cols, n + 8)
+    if c == 0 or n == 0:
+        return vals, ids
+    cand_v, cand_i = torch.topk(l, c, dim=1)
+    nth = cand_v[:, min(n, c) - 1]
+    exact = (l >= nth.unsqueeze(1)).sum(dim=1) <= c
+    if not bool(exact.all()):   # more ties at the boundary than candidates: sort those rows
+        rows_bad = (~exact).nonzero().squeeze(1)
+        sv, si = torch.sort(l[rows_bad], dim=1, descending=True, stable=True)
+        cand_v[rows_bad], cand_i[rows_bad] = sv[:, :c], si[:, :c]
+    v, i = sort_value_desc_id_asc(cand_v, cand_i + col_start)
+    k = min(n, c)
+    vals[:, :k], ids[:, :k] = v[:, :k], i[:, :k]
+    return vals, ids
+
+
+def sort_value_desc_id_asc(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    by_id = torch.argsort(ids, dim=1, stable=True)
+    vals, ids = vals.gather(1, by_id), ids.gather(1, by_id)
+    by_val = torch.argsort(vals, dim=1, descending=True, stable=True)
+    return vals.gather(1, by_val), ids.gather(1, by_val)
+
+
+def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: int, red):
+    """(ids [rows, 1+n], logprobs [rows, 1+n] fp32, ranks [rows]) for chosen tokens of rows l."""
+    lse = log_sum_exp(l, red)
+    vx = value_at(l, tokens, col_start, red)
+    rank = 1 + red.sum((l > vx.unsqueeze(1)).sum(dim=1))
+    top_v, top_i = local_top_n(l, n_top, col_start)
+    top_v, top_i = sort_value_desc_id_asc(red.cat(top_v), red.cat(top_i))
+    top_v, top_i = top_v[:, :n_top], top_i[:, :n_top]
+    ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
+    vals = torch.cat([vx.unsqueeze(1), top_v], dim=1) - lse.unsqueeze(1)
+    vals = torch.where(ids >= 0, vals, torch.full_like(vals, NEG_INF))
+    return ids, vals.float(), rank

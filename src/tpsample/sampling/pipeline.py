@@ -1,0 +1,123 @@
+"""The sampling pipeline: DESIGN.md section 2 applied to a block of rows, in order.
+
+`sample_rows(x, col_start, batch, red)` takes logits rows `x` ([rows, cols], any float dtype)
+holding global columns [col_start, col_start + cols) and a reducer (`LocalRows` for full rows,
+a shard reducer for vocab-parallel). It returns a `RowResult` with, per row, the token the row
+emits if it is reached: the sampled token for ordinary and bonus rows; for a row that verifies a
+draft token, that token when accepted, else the residual draw. The same function serves every
+strategy, so equal logits and seeds give equal tokens everywhere.
+
+Invariants: never returns an id outside [0, V); never materialises a logprob tensor; processors
+no row uses are skipped; `x` is never modified.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import processors as P
+from .batch import RowBatch
+from .draw import greedy, guard_tokens, gumbel_draw, local_argmax
+from .filters import NEG_INF, min_p_threshold, row_chunks, top_k_threshold, top_p_threshold
+from .logprobs import row_logprobs
+from .rejection import verify_drafts
+
+
+@dataclass
+class RowResult:
+    emitted: torch.Tensor              # [rows] int64
+    accepted: torch.Tensor             # [rows] bool (False for rows without a draft)
+    fallback: torch.Tensor             # [rows] bool: no finite kept token, guard used
+    num_nans: torch.Tensor             # [rows] int64
+    lp_ids: Optional[torch.Tensor] = None    # [rows, 1 + n] int64
+    lp_vals: Optional[torch.Tensor] = None   # [rows, 1 + n] fp32
+    lp_ranks: Optional[torch.Tensor] = None  # [rows] int64
+
+
+def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
+                bitmask: Optional[torch.Tensor] = None,
+                draft_probs: Optional[torch.Tensor] = None, meter=None) -> RowResult:
+    dev = x.device
+    l = x.to(torch.float32, copy=True)                                    # [rows, cols] working row
+    num_nans = red.sum(torch.isnan(l).sum(dim=1))                         # 1
+    l.masked_fill_(torch.isnan(l), NEG_INF)
+    raw_max, raw_arg = red.argmax_pair(*local_argmax(l, col_start))
+    if bitmask is not None:                                               # 2
+        P.apply_bitmask(l, bitmask, col_start)
+    raw = _raw_logprob_rows(l, b)
+    P.apply_allowed(l, b.allowed, col_start)                              # 3
+    P.apply_bias(l, b.bias, col_start)
+    P.apply_banned(l, b.banned, col_start)
+    P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)   # 4
+    greedy_v, greedy_tok = greedy(l, col_start, red)                      # 5 done; greedy rows end here
+    if b.sample_any:
+        P.apply_temperature(l, b.temperature)                             # 6
+        thr = _thresholds(l, b, red)                                      # 7-9
+        for s, t in row_chunks(b.num_rows, l.shape[1]):
+            l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
+        none = torch.full_like(thr, NEG_INF)
+        drawn_v, drawn_tok = gumbel_draw(l, none, b.seeds, b.positions, col_start, red)   # 10
+    else:
+        drawn_v, drawn_tok = greedy_v, greedy_tok
+    is_greedy = b.greedy.to(dev)
+    main_v = torch.where(is_greedy, greedy_v, drawn_v)
+    fallback = main_v == NEG_INF                                          # 12
+    main = torch.where(fallback, guard_tokens(raw_max, raw_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
+    emitted, accepted = main, torch.zeros_like(fallback)
+    if bool((b.draft_tokens >= 0).any()):
+        accepted, residual = verify_drafts(l, b, greedy_tok, main, col_start, red, draft_probs)
+        accepted &= ~fallback
+        has_draft = b.draft_tokens.to(dev) >= 0
+        emitted = torch.where(has_draft, torch.where(accepted, b.draft_tokens.to(dev), residual), main)
+        emitted = torch.where(fallback, main, emitted)
+    out = RowResult(emitted, accepted, fallback, num_nans)
+    if b.logprobs_max >= 0:                                               # 11
+        _logprobs(out, l, raw, b, col_start, red)
+    if meter is not None:
+        meter.note(l.numel() * 4 + (raw[1].numel() * 4 if raw is not None else 0))
+    return out
+
+
+def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:
+    thr = torch.full((b.num_rows,), NEG_INF, device=l.device)
+    if b.min_p_any:
+        thr = torch.maximum(thr, min_p_threshold(l, b.min_p, red))
+    if b.top_k_max > 0:
+        thr = torch.maximum(thr, top_k_threshold(l, b.top_k, b.top_k_max, red))
+    if b.top_p_any:
+        thr = top_p_threshold(l, thr, b.top_p, red, b.vocab_size)
+    return thr
+
+
+def _raw_logprob_rows(l: torch.Tensor, b: RowBatch):
+    """(row indices, copy of those rows) for rows that want raw logprobs, else None."""
+    want = (b.num_logprobs >= 0) & ~b.processed_logprobs
+    if not bool(want.any()):
+        return None
+    rows = want.nonzero().squeeze(1).to(l.device)
+    return rows, l.index_select(0, rows)
+
+
+def _logprobs(out: RowResult, l: torch.Tensor, raw, b: RowBatch, col_start: int, red) -> None:
+    n = b.logprobs_max
+    rows_total = b.num_rows
+    ids = torch.full((rows_total, 1 + n), -1, dtype=torch.int64, device=l.device)
+    vals = torch.full((rows_total, 1 + n), NEG_INF, device=l.device)
+    ranks = torch.zeros(rows_total, dtype=torch.int64, device=l.device)
+    parts = []
+    if raw is not None:
+        parts.append((raw[0], raw[1]))
+    want_proc = ((b.num_logprobs >= 0) & b.processed_logprobs).nonzero().squeeze(1).to(l.device)
+    if want_proc.numel():
+        parts.append((want_proc, l.index_select(0, want_proc)))
+    for rows, block in parts:
+        i, v, r = row_logprobs(block, out.emitted[rows], n, col_start, red)
+        ids[rows], vals[rows], ranks[rows] = i, v, r
+    # rows asking fewer than n top entries: blank the extra columns
+    per_row = b.num_logprobs.to(l.device).clamp(min=0)
+    extra = torch.arange(1 + n, device=l.device).unsqueeze(0) > per_row.unsqueeze(1)
+    ids.masked_fill_(extra, -1)
+    vals.masked_fill_(extra, NEG_INF)
+    out.lp_ids, out.lp_vals, out.lp_ranks = ids, vals, ranks

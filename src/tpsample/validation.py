@@ -1,0 +1,52 @@
+"""Input checks for the Sampler facade: clear `ValueError`s before any collective or kernel runs."""
+from __future__ import annotations
+
+import torch
+
+
+def check_prompt(prompt, vocab_size: int) -> None:
+    if not isinstance(prompt, (list, tuple)):
+        raise ValueError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
+    bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
+
+
+def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int) -> list[list[int]]:
+    if drafts is None:
+        return [[] for _ in range(num_reqs)]
+    drafts = [list(d) for d in drafts]
+    if len(drafts) != num_reqs:
+        raise ValueError(f"draft_token_ids must have one list per request ({num_reqs}), got {len(drafts)}")
+    for d in drafts:
+        if len(d) > max_logits_per_req - 1:
+            raise ValueError(f"draft_token_ids: at most max_num_logits_per_req - 1 = {max_logits_per_req - 1} "
+                             f"drafts per request, got {len(d)}")
+        bad = [t for t in d if not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"draft_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
+    return drafts
+
+
+def check_bitmask(mask, num_rows: int, vocab_size: int):
+    if mask is None:
+        return None
+    words = (vocab_size + 31) // 32
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32:
+        raise ValueError(f"grammar_bitmask must be an int32 tensor [rows, {words}]")
+    if tuple(mask.shape) != (num_rows, words):
+        raise ValueError(f"grammar_bitmask must have shape [{num_rows}, {words}] (rows, ceil(V/32)), "
+                         f"got {list(mask.shape)}")
+    return mask
+
+
+def check_logits(x, num_rows: int, width: int, name: str) -> None:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor [rows, V_r]")
+    if x.dim() != 2 or tuple(x.shape) != (num_rows, width):
+        raise ValueError(f"{name} must have shape [{num_rows}, {width}] (plan rows, this rank's vocab "
+                         f"shard), got {list(x.shape)}")
+
+
+def check_draft_probs(p, num_rows: int, width: int) -> None:
+    check_logits(p, num_rows, width, "draft_probs")
