@@ -67,9 +67,12 @@ class Collectives:
         if self.size == 1:
             return t.unsqueeze(0)
         t = t.contiguous()
-        out = torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
-        work = dist.all_gather_into_tensor(out, t, group=self.group.pg, async_op=True)
-        self._wait(work, "all_gather")
+        flat = t.reshape(-1)
+        out = torch.empty((self.size * flat.numel(),), dtype=t.dtype, device=t.device)
+        # torch >= 2.13 renames all_gather_into_tensor to all_gather_single
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._wait(gather(out, flat, group=self.group.pg, async_op=True), "all_gather")
+        out = out.view(self.size, *t.shape)
         nbytes = t.numel() * t.element_size() * (self.size - 1)
         self.stats.add(nbytes, nbytes)
         return out

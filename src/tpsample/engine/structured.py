@@ -1,0 +1,68 @@
+"""Structured output through xgrammar: compile a `GuidedDecoding` once, keep one matcher per
+request, and produce the packed int32 bitmask rows the sampler takes as `grammar_bitmask`
+(bit = 1 allowed, rows in batch order, ceil(V/32) words per row).
+
+Lives on rank 0 with the scheduler; the bitmask travels to every rank inside the step.
+"""
+from __future__ import annotations
+
+import torch
+
+from tpsample.engine.request import GuidedDecoding
+
+
+class GrammarBackend:
+    """Compiles grammars against one tokenizer and the model's vocab size (cached by source)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._cache: dict[tuple[str, str], object] = {}
+
+    def compile(self, guided: GuidedDecoding):
+        """The compiled grammar; raises ValueError for a schema/regex/grammar xgrammar rejects."""
+        key = guided.key()
+        if key not in self._cache:
+            kind, source = key
+            try:
+                if kind == "json_schema":
+                    compiled = self._compiler.compile_json_schema(source)
+                elif kind == "regex":
+                    compiled = self._compiler.compile_regex(source)
+                elif kind == "grammar":
+                    compiled = self._compiler.compile_grammar(source)
+                else:
+                    compiled = self._compiler.compile_builtin_json_grammar()
+            except Exception as e:  # xgrammar raises RuntimeError / its own types for bad sources
+                raise ValueError(f"guided decoding {kind} does not compile: {e}") from e
+            self._cache[key] = compiled
+        return self._cache[key]
+
+    def matcher(self, guided: GuidedDecoding):
+        return self._xgr.GrammarMatcher(self.compile(guided))
+
+    def empty_bitmask(self, num_rows: int) -> torch.Tensor:
+        """[num_rows, ceil(V/32)] int32, every token allowed."""
+        return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+    def fill_rows(self, matcher, drafts: list[int], bitmask: torch.Tensor, first_row: int) -> list[int]:
+        """Fill one request's rows (draft rows, then the bonus row) starting at first_row.
+
+        Row j holds the mask after drafts[:j]. Drafts the grammar rejects are cut off, so the
+        returned (possibly shorter) draft list is what the request must be planned with.
+        The matcher is rolled back to where it started.
+        """
+        kept: list[int] = []
+        matcher.fill_next_token_bitmask(bitmask, first_row)
+        for token in drafts:
+            if matcher.is_terminated() or not matcher.accept_token(token):
+                break
+            kept.append(token)
+            matcher.fill_next_token_bitmask(bitmask, first_row + len(kept))
+        if kept:
+            matcher.rollback(len(kept))
+        return kept

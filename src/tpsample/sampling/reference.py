@@ -1,0 +1,186 @@
+"""A slow, obviously correct float64 reference of DESIGN.md section 2 (and spec decode).
+
+One row at a time, Python loops and full sorts, float64 throughout; it shares only the noise
+bits (`rng`) with the fast path. Tests hold every strategy to it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .params import SamplingParams
+from .rng import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
+
+NEG = float("-inf")
+
+
+def gumbel64(seed: int, pos: int, vocab: int, salt: int = SALT_DRAW) -> list[float]:
+    k0, k1 = row_keys(torch.tensor([seed_to_int64(seed)]), torch.tensor([pos]), salt)
+    u = uniform_bits(k0, k1, torch.arange(vocab))[0].tolist()
+    out = []
+    for b in u:
+        w = min((b + 0.5) * 2.0**-32, W_MAX)
+        out.append(-math.log(-math.log1p(-w)))
+    return out
+
+
+def uniform64(seed: int, pos: int, salt: int) -> float:
+    k0, k1 = row_keys(torch.tensor([seed_to_int64(seed)]), torch.tensor([pos]), salt)
+    return uniform_bits(k0, k1, torch.zeros(1, dtype=torch.int64))[0, 0].item() * 2.0**-32
+
+
+def argmax_first(vals: list[float]) -> int:
+    best, arg = NEG, -1
+    for i, v in enumerate(vals):
+        if v > best:
+            best, arg = v, i
+    return arg
+
+
+def process_row(raw: list[float], p: SamplingParams, prompt: list[int], output: list[int],
+                eos: Optional[int], allowed_bits: Optional[list[bool]]) -> list[float]:
+    """Steps 2-5 on a copy of the row (NaN already mapped to -inf)."""
+    l = list(raw)
+    V = len(l)
+    if allowed_bits is not None:
+        l = [v if allowed_bits[i] else NEG for i, v in enumerate(l)]
+    if p.allowed_token_ids is not None:
+        ok = set(p.allowed_token_ids)
+        l = [v if i in ok else NEG for i, v in enumerate(l)]
+    for t, b in (p.logit_bias or {}).items():
+        l[t] += b
+    if len(output) < p.min_tokens:
+        for t in list(p.stop_token_ids or []) + ([eos] if eos is not None and not p.ignore_eos else []):
+            l[t] = NEG
+    seen = set(prompt) | set(output)
+    if p.repetition_penalty != 1.0:
+        for t in seen:
+            l[t] = l[t] / p.repetition_penalty if l[t] > 0 else l[t] * p.repetition_penalty
+    counts: dict[int, int] = {}
+    for t in output:
+        counts[t] = counts.get(t, 0) + 1
+    for t, c in counts.items():
+        l[t] -= p.frequency_penalty * c + p.presence_penalty * (1 if c > 0 else 0)
+    for w in p.bad_words_token_ids or ():
+        n = len(w) - 1
+        if n == 0 or (len(output) >= n and output[len(output) - n:] == list(w[:-1])):
+            l[w[-1]] = NEG
+    assert len(l) == V
+    return l
+
+
+def filter_row(l: list[float], p: SamplingParams) -> list[float]:
+    """Steps 6-9 for a sampled row: temperature, min-p, top-k, top-p (fp64 masses)."""
+    l = [v / p.temperature for v in l]
+    fin = [v for v in l if v > NEG]
+    if not fin:
+        return l
+    if p.min_p > 0:
+        cut = max(fin) + math.log(p.min_p)
+        l = [v if v >= cut else NEG for v in l]
+    if p.top_k > 0:
+        srt = sorted((v for v in l), reverse=True)
+        kth = srt[p.top_k - 1] if p.top_k <= len(srt) else NEG
+        l = [v if v >= kth else NEG for v in l]
+    if p.top_p < 1:
+        m = max(v for v in l)
+        if m > NEG:
+            e = [math.exp(v - m) if v > NEG else 0.0 for v in l]
+            z = sum(e)
+            order = sorted(range(len(l)), key=lambda i: (-l[i], i))
+            above, kept, i = 0.0, set(), 0
+            while i < len(order):           # walk tie groups: mass strictly above the group
+                j = i
+                while j < len(order) and l[order[j]] == l[order[i]]:
+                    j += 1
+                if l[order[i]] > NEG and above / z < p.top_p:
+                    kept.update(order[i:j])
+                above += sum(e[order[t]] for t in range(i, j))
+                i = j
+            l = [v if i in kept else NEG for i, v in enumerate(l)]
+    return l
+
+
+def log_softmax(l: list[float]) -> list[float]:
+    m = max(l)
+    if m == NEG:
+        return [NEG] * len(l)
+    z = math.log(sum(math.exp(v - m) for v in l if v > NEG)) + m
+    return [v - z if v > NEG else NEG for v in l]
+
+
+def logprob_entry(l: list[float], token: int, n: int) -> tuple[list[int], list[float], int]:
+    lp = log_softmax(l)
+    rank = 1 + sum(1 for v in lp if v > lp[token])
+    order = sorted(range(len(l)), key=lambda i: (-lp[i], i))[:n]
+    return [token] + order, [lp[token]] + [lp[i] for i in order], rank
+
+
+def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt: list[int],
+               output: list[int], eos: Optional[int] = None, allowed_bits=None,
+               draft: int = -1) -> dict:
+    """One row: the emitted token (draft verification included), logprobs, flags."""
+    nans = sum(1 for v in raw if v != v)
+    raw = [NEG if v != v else v for v in raw]
+    masked = [v if allowed_bits is None or allowed_bits[i] else NEG for i, v in enumerate(raw)]
+    l = process_row(raw, p, prompt, output, eos, allowed_bits)
+    V = len(l)
+    if p.temperature == 0:
+        proc, tok = l, argmax_first(l)
+        best = l[tok] if tok >= 0 else NEG
+    else:
+        proc = filter_row(l, p)
+        g = gumbel64(seed, pos, V)
+        z = [v + g[i] if v > NEG else NEG for i, v in enumerate(proc)]
+        tok = argmax_first(z)
+        best = z[tok] if tok >= 0 else NEG
+    fallback = best == NEG
+    if fallback:
+        tok = argmax_first(raw)
+        tok = 0 if tok < 0 else tok
+    emitted, accepted = tok, False
+    if draft >= 0 and not fallback:
+        accepted, emitted = _verify(proc, p, seed, pos, draft, tok)
+    res = {"token": emitted, "accepted": accepted, "fallback": fallback, "nans": nans}
+    if p.logprobs is not None:
+        base = proc if p.logprobs_mode == "processed" else masked
+        res["logprobs"] = logprob_entry(base, emitted, p.logprobs)
+    return res
+
+
+def _verify(proc: list[float], p: SamplingParams, seed: int, pos: int, draft: int, main: int):
+    """One-hot draft verification on the processed row."""
+    if p.temperature == 0:
+        return (draft == main), (draft if draft == main else main)
+    probs = [math.exp(v) for v in log_softmax(proc)]
+    if uniform64(seed, pos, SALT_ACCEPT) < probs[draft]:
+        return True, draft
+    g = gumbel64(seed, pos, len(proc), SALT_RESIDUAL)
+    z = [proc[i] + g[i] if (proc[i] > NEG and i != draft) else NEG for i in range(len(proc))]
+    tok = argmax_first(z)
+    return False, (main if tok < 0 else tok)
+
+
+def sample_request(rows: list[list[float]], p: SamplingParams, seed: int, prompt: list[int],
+                   output: list[int], drafts: list[int], eos: Optional[int] = None,
+                   bitmasks: Optional[list] = None) -> tuple[list[int], list[dict]]:
+    """All rows of one request (drafts then bonus): the emitted tokens and per-row results."""
+    emitted, results = [], []
+    for j, row in enumerate(rows):
+        draft = drafts[j] if j < len(drafts) else -1
+        r = sample_row(row, p, seed, len(prompt) + len(output) + j, prompt, output + drafts[:j], eos,
+                       None if bitmasks is None else bitmasks[j], draft)
+        results.append(r)
+        emitted.append(r["token"])
+        if not r["accepted"]:
+            break
+    return emitted, results
+
+
+def unpack_bitmask(mask_row: torch.Tensor, vocab: int) -> list[bool]:
+    bits = []
+    for t in range(vocab):
+        bits.append(bool((int(mask_row[t // 32]) >> (t % 32)) & 1))
+    return bits

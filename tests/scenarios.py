@@ -1,0 +1,96 @@
+"""Shared test scenarios: mixed batches run through a Sampler on any TP size and strategy.
+
+Full logits are a pure function of (seed, step), so every rank and every TP size sees the same
+numbers; each rank slices its vocab shard and the rows in the plan's logits order.
+"""
+from __future__ import annotations
+
+import torch
+
+import tpsample
+from tpsample import SamplingParams
+
+V_ODD = 997            # neither 2, 3, 4 nor 32 divides it
+
+
+def mixed_params(vocab: int) -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=11, logprobs=3),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=12, logprobs=2, logprobs_mode="processed"),
+        SamplingParams(temperature=0.7, top_p=0.6, seed=13, repetition_penalty=1.3,
+                       frequency_penalty=0.4, presence_penalty=0.2),
+        SamplingParams(temperature=1.2, seed=14, logit_bias={3: 4.0, vocab - 1: 3.0}, min_tokens=2,
+                       stop_token_ids=[5, 6]),
+        SamplingParams(temperature=0.9, seed=15, allowed_token_ids=[1, 2, 3, vocab // 2, vocab - 2]),
+        SamplingParams(temperature=1.0, seed=16, bad_words_token_ids=[[7], [1, 2, 9]], top_k=5),
+        SamplingParams(temperature=0.0, logprobs=4, repetition_penalty=1.5),
+        SamplingParams(temperature=1.0, top_p=0.95, top_k=300, min_p=0.01, seed=17, logprobs=1),
+    ]
+
+
+def step_logits(seed: int, step: int, rows: int, vocab: int, scale: float = 3.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    return torch.randn(rows, vocab, generator=g) * scale
+
+
+def grammar_rows(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    words = (vocab + 31) // 32
+    bits = torch.randint(0, 2**31 - 1, (rows, words), generator=g, dtype=torch.int64)
+    bits |= torch.randint(0, 2**31 - 1, (rows, words), generator=g, dtype=torch.int64) << 1
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
+    mask = bits.to(torch.int32)
+    mask[::2] = -1       # every other row unconstrained
+    return mask
+
+
+def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: int = 0,
+                 waves: bool = False, grammar: bool = False, drafts: bool = False):
+    """Run the mixed batch; returns per step (req ids, tokens, num_sampled, logprobs...) in req-id terms."""
+    sampler = tpsample.Sampler(vocab, max_num_reqs=16, strategy=strategy, group=group, seed=1234,
+                               max_num_logits_per_req=3, eos_token_id=4)
+    tp, rank = sampler.tp_size, sampler.rank
+    start, end = tpsample.vocab_shard(vocab, tp, rank)
+    params = mixed_params(vocab)
+    ids = [f"r{i}" for i in range(len(params))]
+    for i, p in enumerate(params):
+        sampler.add_request(ids[i], p, [1, 2, 3, i % vocab])
+    g = torch.Generator().manual_seed(order_seed)
+    results = []
+    for step in range(num_steps):
+        if waves and step == num_steps // 2:
+            for r in ids[::3]:
+                sampler.remove_request(r)
+            for j, r in enumerate(ids[::3]):
+                sampler.add_request(r + "w", SamplingParams(temperature=0.9, seed=40 + j, top_k=7), [9, 8])
+            ids = [r for r in ids if r not in ids[::3]] + [r + "w" for r in ids[::3]]
+        perm = torch.randperm(len(ids), generator=g).tolist() if order_seed else list(range(len(ids)))
+        batch = [ids[i] for i in perm]
+        dr = [[(step * 7 + k) % vocab for k in range(i % 3)] for i in range(len(batch))] if drafts else None
+        rows = sum(1 + (len(d) if dr else 0) for d in (dr or [[]] * len(batch)))
+        full = _logits_by_request(batch, dr, step, vocab)
+        mask = grammar_rows(rows, vocab, step) if grammar else None
+        plan = sampler.plan(batch, draft_token_ids=dr, grammar_bitmask=mask)
+        local = full[plan.logits_order][:, start:end].contiguous()
+        out = sampler.sample(local, plan)
+        rec = {"ids": batch, "tokens": {r: out.tokens(i) for i, r in enumerate(batch)},
+               "rejected": {r: int(out.num_rejected[i]) for i, r in enumerate(batch)},
+               "nans": {r: int(out.num_nans[i]) for i, r in enumerate(batch)}}
+        if out.logprobs is not None:
+            lp = out.logprobs
+            rec["lp"] = {r: (lp.token_ids[plan.row_start[i]].tolist(), lp.logprobs[plan.row_start[i]].tolist(),
+                             int(lp.ranks[plan.row_start[i]])) for i, r in enumerate(batch)}
+        rec["stats"] = sampler.last_stats
+        results.append(rec)
+    return results
+
+
+def _logits_by_request(batch, drafts, step, vocab):
+    """Rows depend only on (request id, row offset, step), never on batch layout."""
+    rows = []
+    for i, r in enumerate(batch):
+        n = 1 + (len(drafts[i]) if drafts else 0)
+        seed = sum(ord(c) * 131 ** k for k, c in enumerate(r)) % 100000
+        rows.append(step_logits(seed, step, n, vocab))
+    return torch.cat(rows, dim=0)
