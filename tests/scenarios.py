@@ -94,3 +94,60 @@ def _logits_by_request(batch, drafts, step, vocab):
         seed = sum(ord(c) * 131 ** k for k, c in enumerate(r)) % 100000
         rows.append(step_logits(seed, step, n, vocab))
     return torch.cat(rows, dim=0)
+
+
+STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+
+
+def tp_suite(group, vocab: int = V_ODD, steps: int = 4):
+    """Every strategy on the mixed batch (grammar + drafts + logprobs), a permuted-order run and
+    a waves run, all in one process group so ranks start once."""
+    out = {}
+    for s in STRATEGIES:
+        out[(s, "mixed")] = run_scenario(group, s, vocab, steps, grammar=True, drafts=True)
+        out[(s, "permuted")] = run_scenario(group, s, vocab, steps, order_seed=7)
+        out[(s, "waves")] = run_scenario(group, s, vocab, steps, waves=True)
+    return out
+
+
+def small_batch(group, vocab: int, strategy: str):
+    """Fewer requests than ranks: some ranks own nothing but still join every collective."""
+    sampler = tpsample.Sampler(vocab, max_num_reqs=8, strategy=strategy, group=group, seed=5)
+    start, end = tpsample.vocab_shard(vocab, sampler.tp_size, sampler.rank)
+    sampler.add_request("a", SamplingParams(temperature=0.9, top_p=0.8, seed=3, logprobs=2), [1])
+    tokens = []
+    for step in range(3):
+        plan = sampler.plan(["a"])
+        full = step_logits(99, step, plan.num_rows, vocab)
+        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous(), plan)
+        tokens.append(out.tokens(0) + out.logprobs.token_ids[0].tolist())
+    return tokens
+
+
+def die_mid_step(group, vocab: int):
+    """Rank 1 dies before the step's collectives; the others must fail fast with a message."""
+    import os
+    sampler = tpsample.Sampler(vocab, strategy="vocab_parallel", group=group, seed=1, timeout_s=10)
+    start, end = tpsample.vocab_shard(vocab, sampler.tp_size, sampler.rank)
+    sampler.add_request("a", SamplingParams(temperature=1.0, top_p=0.9, seed=1), [1])
+    plan = sampler.plan(["a"])
+    if sampler.rank == 1:
+        os._exit(3)
+    sampler.sample(step_logits(1, 0, 1, vocab)[:, start:end].contiguous(), plan)
+    return "finished"
+
+
+def accounting(group, vocab: int, rows: int):
+    """Per-strategy bytes moved and sampler peak per rank on a larger vocabulary."""
+    res = {}
+    for s in ("replicated", "batch_sharded", "vocab_parallel"):
+        sampler = tpsample.Sampler(vocab, max_num_reqs=rows, strategy=s, group=group, seed=5)
+        start, end = tpsample.vocab_shard(vocab, sampler.tp_size, sampler.rank)
+        ids = [f"q{i}" for i in range(rows)]
+        for i, r in enumerate(ids):
+            sampler.add_request(r, SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), [1])
+        plan = sampler.plan(ids)
+        full = step_logits(3, 0, rows, vocab)
+        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous(), plan)
+        res[s] = (out.sampled_token_ids[:, 0].tolist(), sampler.last_stats)
+    return res

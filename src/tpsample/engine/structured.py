@@ -49,20 +49,28 @@ class GrammarBackend:
         """[num_rows, ceil(V/32)] int32, every token allowed."""
         return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
 
-    def fill_rows(self, matcher, drafts: list[int], bitmask: torch.Tensor, first_row: int) -> list[int]:
+    def fill_rows(self, matcher, drafts: list[int], bitmask: torch.Tensor, first_row: int) -> None:
         """Fill one request's rows (draft rows, then the bonus row) starting at first_row.
 
-        Row j holds the mask after drafts[:j]. Drafts the grammar rejects are cut off, so the
-        returned (possibly shorter) draft list is what the request must be planned with.
-        The matcher is rolled back to where it started.
+        Row j holds the mask after drafts[:j]; `drafts` must be a valid prefix (see
+        `valid_draft_prefix`). The matcher ends where it started.
         """
-        kept: list[int] = []
         matcher.fill_next_token_bitmask(bitmask, first_row)
-        for token in drafts:
-            if matcher.is_terminated() or not matcher.accept_token(token):
-                break
-            kept.append(token)
-            matcher.fill_next_token_bitmask(bitmask, first_row + len(kept))
-        if kept:
-            matcher.rollback(len(kept))
-        return kept
+        for j, token in enumerate(drafts):
+            accepted = matcher.accept_token(token)
+            assert accepted, "drafts must be cut to the grammar's valid prefix first"
+            matcher.fill_next_token_bitmask(bitmask, first_row + j + 1)
+        if drafts:
+            matcher.rollback(len(drafts))
+
+
+def valid_draft_prefix(matcher, drafts: list[int]) -> list[int]:
+    """The longest prefix of drafts the grammar accepts; the matcher ends where it started."""
+    kept: list[int] = []
+    for token in drafts:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        kept.append(token)
+    if kept:
+        matcher.rollback(len(kept))
+    return kept

@@ -1,0 +1,205 @@
+"""Scheduler: continuous batching under a token budget, with preemption by recompute.
+
+Contract
+- Inputs: requests (`add`), then per step `schedule()` -> `StepInput` and, once the step ran,
+  `update(sampled_token_ids, num_sampled, logprobs)` with the sampler's output (batch order).
+- Outputs: `StepInput`s (plain data sent to every rank) and, from `update`, the tokens each
+  request gained this step.
+- Invariants: one scheduler, on rank 0; a request holds KV blocks only while running; prefill and
+  decode share one budget of `token_budget` tokens (drafts included); when blocks run out, the
+  latest-admitted running request is preempted (its blocks freed, its tokens kept) and goes back
+  to the front of the queue to be recomputed: no request is ever dropped. A preempted request
+  keeps its sampler slot, so its penalty history and positions carry on and (with seeded,
+  position-keyed noise) it produces the tokens it would have produced without preemption.
+  The sampler holds at most `max_num_seqs` requests; slots are freed through `StepInput.remove`.
+- Never imports torch.distributed, the model, or the sampler: it only plans.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from tpsample.engine.block_manager import BlockManager
+from tpsample.engine.config import EngineConfig
+from tpsample.engine.ngram import propose_ngram
+from tpsample.engine.request import Request, Status, TokenLogprob
+from tpsample.engine.step import StepInput
+from tpsample.engine.structured import GrammarBackend, valid_draft_prefix
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, *, num_blocks: int, max_model_len: int,
+                 eos_token_ids: tuple[int, ...], grammar: GrammarBackend | None = None):
+        self.cfg, self.max_model_len, self.grammar = cfg, max_model_len, grammar
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._to_remove: list[str] = []
+        self._num_in_sampler = 0
+        self._scheduled: list[tuple[Request, int, list[int]]] = []
+        self.num_preemptions = 0
+        self.max_running = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def pending_removals(self) -> tuple[str, ...]:
+        removed, self._to_remove = tuple(self._to_remove), []
+        return removed
+
+    # -- planning -----------------------------------------------------------------------------
+    def schedule(self) -> StepInput:
+        budget = self.cfg.token_budget
+        scheduled, preempted = self._schedule_running(budget)
+        budget -= sum(n + len(d) for _, n, d in scheduled)
+        added: list[tuple[str, object, list[int]]] = []
+        if not preempted:
+            scheduled += self._schedule_waiting(budget, added)
+        self._scheduled = scheduled
+        self.max_running = max(self.max_running, len(self.running))
+        return self._build_step(scheduled, added)
+
+    def _schedule_running(self, budget: int) -> tuple[list, bool]:
+        scheduled, preempted, i = [], False, 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            samples = req.num_computed_tokens + num_new == req.num_tokens
+            drafts = self._drafts(req, budget - num_new) if samples else []
+            need = req.num_computed_tokens + num_new + len(drafts)
+            while not self.blocks.can_grow(req.block_ids, need):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    return scheduled, preempted
+            self.blocks.grow(req.block_ids, need)
+            scheduled.append((req, num_new, drafts))
+            budget -= num_new + len(drafts)
+            i += 1
+        return scheduled, preempted
+
+    def _schedule_waiting(self, budget: int, added: list) -> list:
+        scheduled = []
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            if not req.in_sampler and self._num_in_sampler >= self.cfg.max_num_seqs:
+                break
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.blocks.can_grow(req.block_ids, req.num_computed_tokens + num_new):
+                break
+            self.blocks.grow(req.block_ids, req.num_computed_tokens + num_new)
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            if not req.in_sampler:
+                added.append((req.req_id, req.params, list(req.prompt_token_ids)))
+                req.in_sampler = True
+                self._num_in_sampler += 1
+            scheduled.append((req, num_new, []))
+            budget -= num_new
+        return scheduled
+
+    def _preempt(self, req: Request) -> None:
+        self.blocks.free(req.block_ids)
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        spec = self.cfg.speculative_ngram
+        if spec is None:
+            return []
+        limit = min(req.max_total_tokens, self.max_model_len) - req.num_tokens - 1
+        k = min(spec.num_speculative_tokens, limit, budget)
+        drafts = propose_ngram(req.all_token_ids(), k=k, min_n=spec.min_n, max_n=spec.max_n)
+        if drafts and req.matcher is not None:
+            drafts = valid_draft_prefix(req.matcher, drafts)
+        return drafts
+
+    def _build_step(self, scheduled: list, added: list) -> StepInput:
+        tokens, q_lens, s_lens, tables = [], [], [], []
+        sample_ids, drafts_all, rows, row_reqs = [], [], [], []
+        for req, num_new, drafts in scheduled:
+            start = req.num_computed_tokens
+            first_token = len(tokens)
+            tokens += req.all_token_ids()[start:start + num_new] + drafts
+            q_lens.append(num_new + len(drafts))
+            s_lens.append(start + num_new + len(drafts))
+            tables.append(list(req.block_ids))
+            if start + num_new == req.num_tokens:
+                sample_ids.append(req.req_id)
+                drafts_all.append(list(drafts))
+                rows += [first_token + num_new - 1 + j for j in range(len(drafts) + 1)]
+                row_reqs.append((req, drafts))
+        return StepInput(
+            remove=self.pending_removals(), add=tuple(added), token_ids=tokens, query_lens=q_lens,
+            seq_lens=s_lens, block_tables=tables, sample_req_ids=sample_ids,
+            draft_token_ids=drafts_all if any(drafts_all) else None, logits_token_index=rows,
+            grammar_bitmask=self._bitmask(row_reqs, len(rows)))
+
+    def _bitmask(self, row_reqs: list, num_rows: int):
+        if self.grammar is None or not any(req.matcher is not None for req, _ in row_reqs):
+            return None
+        bitmask = self.grammar.empty_bitmask(num_rows)
+        row = 0
+        for req, drafts in row_reqs:
+            if req.matcher is not None:
+                self.grammar.fill_rows(req.matcher, drafts, bitmask, row)
+            row += 1 + len(drafts)
+        return bitmask
+
+    # -- results ------------------------------------------------------------------------------
+    def update(self, sampled: list[list[int]], num_sampled: list[int],
+               logprobs: list[list[TokenLogprob]] | None) -> list[tuple[Request, list[int]]]:
+        """Advance every scheduled request; return (request, new tokens) for those that sampled."""
+        results, i = [], 0
+        for req, num_new, drafts in self._scheduled:
+            req.num_computed_tokens += num_new
+            if req.num_computed_tokens != req.num_tokens:
+                continue                                   # a prefill chunk: nothing sampled
+            n = num_sampled[i]
+            req.num_computed_tokens += n - 1               # accepted drafts now have valid K/V
+            new = self._append(req, sampled[i][:n], None if logprobs is None else logprobs[i])
+            results.append((req, new))
+            i += 1
+        self._scheduled = []
+        return results
+
+    def _append(self, req: Request, tokens: list[int], logprobs) -> list[int]:
+        new = []
+        for j, token in enumerate(tokens):
+            req.output_token_ids.append(token)
+            new.append(token)
+            if req.logprobs is not None and logprobs is not None:
+                req.logprobs.append(logprobs[j])
+            if req.matcher is not None and not req.matcher.is_terminated():
+                req.matcher.accept_token(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self._finish(req, reason)
+                break
+        return new
+
+    def _finish_reason(self, req: Request, token: int) -> str | None:
+        p, num_out = req.params, len(req.output_token_ids)
+        if num_out >= p.min_tokens:
+            if token in (p.stop_token_ids or ()) or (not p.ignore_eos and token in self.eos_token_ids):
+                return "stop"
+            if req.matcher is not None and req.matcher.is_terminated():
+                return "stop"
+        if num_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finish_reason, req.status = reason, Status.FINISHED
+        self.blocks.free(req.block_ids)
+        self.running.remove(req)
+        self._to_remove.append(req.req_id)
+        self._num_in_sampler -= 1
