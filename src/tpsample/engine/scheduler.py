@@ -17,6 +17,7 @@ Contract
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from tpsample.engine.block_manager import BlockManager
 from tpsample.engine.config import EngineConfig
@@ -177,7 +178,10 @@ class Scheduler:
             req.output_token_ids.append(token)
             new.append(token)
             if req.logprobs is not None and logprobs is not None:
-                req.logprobs.append(logprobs[j])
+                n = req.params.logprobs     # the batch's widest request sets the width; trim
+                lp = logprobs[j]
+                req.logprobs.append(replace(lp, top_token_ids=lp.top_token_ids[:n],
+                                            top_logprobs=lp.top_logprobs[:n]))
             if req.matcher is not None and not req.matcher.is_terminated():
                 req.matcher.accept_token(token)
             reason = self._finish_reason(req, token)

@@ -1,0 +1,7 @@
+"""A compact TP decode engine on top of the tpsample sampler (see DESIGN.md section 5)."""
+from tpsample.engine.config import EngineConfig, NgramConfig
+from tpsample.engine.report import EngineInfo, RunStats
+from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta, TokenLogprob
+
+__all__ = ["EngineConfig", "EngineInfo", "GuidedDecoding", "NgramConfig", "RequestOutput", "RunStats",
+           "StreamDelta", "TokenLogprob"]

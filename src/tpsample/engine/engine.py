@@ -1,0 +1,174 @@
+"""Engine: the step loop. Runs on rank 0; every other rank runs `follow`.
+
+Contract
+- Inputs: token-id prompts with `SamplingParams` (and optional `GuidedDecoding`), through
+  `generate` or `add_request` + `step`.
+- Outputs: `RequestOutput`s in prompt order; `StreamDelta`s to an optional callback per step.
+- Invariants: each step is planned once (scheduler, rank 0), sent unchanged to every rank
+  (`StepChannel`), and executed by every rank's runner in the same order; a bad request raises
+  ValueError before it touches the scheduler or any rank, so running requests are undisturbed.
+- Knows nothing about tokenization (grammars arrive as a ready `GrammarBackend`) or processes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch.distributed as dist
+
+from tpsample.engine.report import EngineInfo, RunStats
+from tpsample.engine.request import GuidedDecoding, Request, RequestOutput, StreamDelta, TokenLogprob
+from tpsample.engine.runner import ModelRunner
+from tpsample.engine.scheduler import Scheduler
+from tpsample.engine.step import EndOfGenerate, Shutdown, StepInput
+from tpsample.engine.structured import GrammarBackend
+
+
+class StepChannel:
+    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.size = 1 if group is None else dist.get_world_size(group)
+        self._src = None if group is None else dist.get_global_rank(group, 0)
+
+    def send(self, msg) -> None:
+        if self.size > 1:
+            dist.broadcast_object_list([msg], src=self._src, group=self.group)
+
+    def recv(self):
+        box = [None]
+        dist.broadcast_object_list(box, src=self._src, group=self.group)
+        return box[0]
+
+
+def follow(runner: ModelRunner, channel: StepChannel):
+    """Execute rank 0's steps until it sends Shutdown or EndOfGenerate; return that message."""
+    while True:
+        msg = channel.recv()
+        if isinstance(msg, (Shutdown, EndOfGenerate)):
+            return msg
+        runner.execute(msg)
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, channel: StepChannel, *, grammar: GrammarBackend | None = None,
+                 eos_token_ids: tuple[int, ...] = (), sampler_peaks: list[int] | None = None):
+        self.cfg, self.runner, self.channel, self.grammar = runner.cfg, runner, channel, grammar
+        self.vocab_size = runner.vocab_size
+        eos = tuple(runner.model_config.eos_token_ids) + tuple(eos_token_ids)
+        self.scheduler = Scheduler(self.cfg, num_blocks=runner.memory.num_blocks,
+                                   max_model_len=runner.max_model_len, eos_token_ids=eos, grammar=grammar)
+        self.info = EngineInfo(
+            strategy=self.cfg.strategy, tensor_parallel_size=self.cfg.tensor_parallel_size,
+            device=str(runner.device), dtype=str(runner.dtype).removeprefix("torch."),
+            vocab_size=self.vocab_size, num_kv_blocks=runner.memory.num_blocks,
+            block_size=self.cfg.block_size, kv_tokens=runner.memory.num_blocks * self.cfg.block_size,
+            max_model_len=runner.max_model_len, max_num_seqs=self.cfg.max_num_seqs,
+            sampler_peak_bytes=tuple(sampler_peaks or [runner.memory.sampler_peak_bytes]),
+            weights_bytes=runner.memory.weights_bytes, kv_bytes_per_token=runner.memory.kv_bytes_per_token)
+        self.stats = RunStats()
+        self._next_id = 0
+
+    # -- requests -----------------------------------------------------------------------------
+    def make_request(self, prompt_token_ids, params, guided: GuidedDecoding | None = None,
+                     index: int = 0) -> Request:
+        """A validated request (ValueError naming the problem); nothing is scheduled yet."""
+        import tpsample
+
+        if not isinstance(params, tpsample.SamplingParams):
+            raise ValueError(f"params must be a tpsample.SamplingParams, got {type(params).__name__}")
+        prompt = list(prompt_token_ids)
+        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if not prompt or bad:
+            raise ValueError(f"prompt {index}: prompt_token_ids must be a non-empty list of token ids "
+                             f"in [0, {self.vocab_size}), got {bad[:5] if bad else 'an empty prompt'}")
+        if len(prompt) >= self.runner.max_model_len:
+            raise ValueError(f"prompt {index}: {len(prompt)} tokens leave no room under "
+                             f"max_model_len={self.runner.max_model_len}")
+        params.validate_for_vocab(self.vocab_size, self.cfg.max_logprobs)
+        matcher = None
+        if guided is not None:
+            if self.grammar is None:
+                raise ValueError(f"prompt {index}: guided decoding needs a tokenizer in the model folder")
+            matcher = self.grammar.matcher(guided)
+        req = Request(req_id=f"req-{self._next_id}", index=index, prompt_token_ids=prompt, params=params,
+                      guided=guided, matcher=matcher)
+        req.logprobs = [] if params.logprobs is not None else None
+        self._next_id += 1
+        return req
+
+    def add_request(self, req: Request) -> None:
+        self.scheduler.add(req)
+        self.stats.num_prompt_tokens += len(req.prompt_token_ids)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, list[int]]]:
+        step = self.scheduler.schedule()
+        if not step.token_ids:
+            raise RuntimeError("scheduler made no progress (no tokens scheduled); this is a bug")
+        self.channel.send(step)
+        out = self.runner.execute(step)
+        self.stats.num_steps += 1
+        if out is None:
+            return self.scheduler.update([], [], None)
+        num_sampled = out.num_sampled.tolist()
+        if step.draft_token_ids is not None:
+            proposed = sum(len(d) for d in step.draft_token_ids)
+            self.stats.num_draft_tokens += proposed
+            self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
+        results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out))
+        self.stats.num_output_tokens += sum(len(new) for _, new in results)
+        return results
+
+    def flush(self) -> None:
+        """Release the sampler slots of finished requests on every rank."""
+        removed = self.scheduler.pending_removals()
+        if removed:
+            step = StepInput(remove=removed)
+            self.channel.send(step)
+            self.runner.execute(step)
+
+    def generate(self, prompts: list[list[int]], params: list, guided: list | None = None,
+                 on_delta: Callable[[StreamDelta], None] | None = None) -> list[RequestOutput]:
+        """Run the prompts to completion. Raises ValueError for a bad prompt before running any."""
+        guided = guided or [None] * len(prompts)
+        reqs = [self.make_request(p, sp, g, i) for i, (p, sp, g) in enumerate(zip(prompts, params, guided))]
+        self.stats = RunStats()
+        start = time.perf_counter()
+        for req in reqs:
+            self.add_request(req)
+        while self.has_unfinished():
+            for req, new in self.step():
+                if on_delta is not None and new:
+                    on_delta(StreamDelta(req.index, req.req_id, new, req.finish_reason is not None, req.finish_reason))
+        self.flush()
+        self.stats.wall_s = time.perf_counter() - start
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        self.stats.max_running = self.scheduler.max_running
+        self.scheduler.num_preemptions = self.scheduler.max_running = 0
+        return [req.to_output() for req in reqs]
+
+    def shutdown(self) -> None:
+        self.channel.send(Shutdown())
+
+
+def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:
+    if out.logprobs is None:
+        return None
+    ids, lps, ranks = out.logprobs.token_ids.tolist(), out.logprobs.logprobs.tolist(), out.logprobs.ranks.tolist()
+    drafts = step.draft_token_ids or [[] for _ in step.sample_req_ids]
+    result, row = [], 0
+    for i, d in enumerate(drafts):
+        n = int(out.num_sampled[i])
+        per_req = []
+        for r in range(row, row + n):
+            top = [(t, lp) for t, lp in zip(ids[r][1:], lps[r][1:]) if t >= 0]
+            per_req.append(TokenLogprob(ids[r][0], lps[r][0], ranks[r],
+                                        tuple(t for t, _ in top), tuple(lp for _, lp in top)))
+        result.append(per_req)
+        row += 1 + len(d)
+    return result

@@ -1,0 +1,145 @@
+"""TP>1 on one host without torchrun: one spawned worker process per rank, rank 0 driving.
+
+The caller's process starts the workers (torch.multiprocessing spawn), finds a free port at run
+time, and talks to rank 0 over a pipe: rank 0 runs the engine and streams deltas back; the other
+ranks follow rank 0's steps. The caller watches every worker: a worker that dies or raises, or a
+step with no answer within `step_timeout_s`, stops all workers and raises RuntimeError naming the
+rank. A bad request comes back as ValueError and the engine stays usable.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import wait
+
+import torch
+import torch.multiprocessing as mp
+
+from tpsample.engine.config import EngineConfig
+from tpsample.engine.engine import follow
+from tpsample.engine.launch import build_engine, build_rank, free_port, init_groups, rank_device, resolve_device
+
+
+def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
+    try:
+        world = cfg.tensor_parallel_size
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        tp_group, control = init_groups("nccl" if kind == "cuda" else "gloo", rank=rank, world_size=world,
+                                        init_method=f"tcp://127.0.0.1:{port}", timeout_s=cfg.startup_timeout_s)
+        runner, channel, peaks = build_rank(cfg, tp_group=tp_group, control_group=control,
+                                            device=rank_device(kind, rank))
+        if rank != 0:
+            conn.send(("ready", None))
+            follow(runner, channel)
+            return
+        engine = build_engine(runner, channel, peaks)
+        conn.send(("ready", engine.info))
+        _serve(engine, conn)
+    except BaseException:
+        try:
+            conn.send(("fatal", traceback.format_exc()))
+        finally:
+            sys.exit(1)
+
+
+def _serve(engine, conn) -> None:
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "shutdown":
+            engine.shutdown()
+            return
+        _, prompts, params, guided, stream = cmd
+        on_delta = (lambda d: conn.send(("delta", d))) if stream else (lambda d: conn.send(("alive",)))
+        try:
+            outputs = engine.generate(prompts, params, guided, on_delta)
+        except ValueError as e:
+            conn.send(("error", e))
+            continue
+        conn.send(("done", outputs, engine.stats))
+
+
+class MultiprocBackend:
+    def __init__(self, cfg: EngineConfig):
+        self.cfg, self._closed = cfg, False
+        kind = resolve_device(cfg)
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.procs, self.conns = [], []
+        for rank in range(cfg.tensor_parallel_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(rank, cfg, port, kind, child), daemon=True,
+                               name=f"tpsample-rank{rank}")
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        for rank in range(cfg.tensor_parallel_size):
+            msg = self._receive(rank, cfg.startup_timeout_s, "start-up")
+            if rank == 0:
+                self.info = msg[1]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _receive(self, rank: int, timeout_s: float, what: str):
+        """The next message from `rank`, while watching every worker for death or failure."""
+        deadline = time.monotonic() + timeout_s
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            left = deadline - time.monotonic()
+            ready = wait(self.conns + list(sentinels), timeout=max(0.0, left))
+            if not ready:
+                self._fail(f"no answer from rank {rank} within {timeout_s:.0f} s during {what}")
+            for obj in ready:
+                if obj in self.conns:
+                    r = self.conns.index(obj)
+                    try:
+                        msg = obj.recv()
+                    except EOFError:
+                        continue                    # the sentinel reports the exit
+                    if msg[0] == "fatal":
+                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}")
+                    if r == rank:
+                        return msg
+            for obj in ready:
+                if obj in sentinels:
+                    r = sentinels[obj]
+                    self._fail(f"worker rank {r} died during {what} (exit code {self.procs[r].exitcode})")
+
+    def _fail(self, why: str):
+        self.close(force=True)
+        raise RuntimeError(f"tpsample engine stopped: {why}")
+
+    def generate(self, prompts, params, guided, on_delta):
+        if self._closed:
+            raise RuntimeError("tpsample engine is stopped")
+        self.conns[0].send(("generate", prompts, params, guided, on_delta is not None))
+        while True:
+            msg = self._receive(0, self.cfg.step_timeout_s, "generate")
+            if msg[0] == "delta":
+                on_delta(msg[1])
+            elif msg[0] == "error":
+                raise msg[1]
+            elif msg[0] == "done":
+                return msg[1], msg[2]
+
+    def close(self, force: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not force:
+            try:
+                self.conns[0].send(("shutdown",))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=0 if force else 10)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)

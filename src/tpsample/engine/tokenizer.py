@@ -1,0 +1,40 @@
+"""Tokenizer and stop-token discovery from a local HF folder (no downloads)."""
+from __future__ import annotations
+
+import json
+import os
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_tokenizer(folder: str):
+    """The folder's tokenizer, or None when it has none."""
+    if not any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def generation_eos_ids(folder: str) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (config.json's are read by the model config)."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.exists(path):
+        return ()
+    with open(path) as f:
+        eos = json.load(f).get("eos_token_id")
+    return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def make_grammar_backend(folder: str, vocab_size: int):
+    """A GrammarBackend when the folder has a tokenizer and xgrammar is installed, else None."""
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        return None
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        return None
+    from tpsample.engine.structured import GrammarBackend
+
+    return GrammarBackend(tokenizer, vocab_size)
