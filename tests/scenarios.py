@@ -5,12 +5,17 @@ numbers; each rank slices its vocab shard and the rows in the plan's logits orde
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 import tpsample
 from tpsample import SamplingParams
 
 V_ODD = 997            # neither 2, 3, 4 nor 32 divides it
+# TPSAMPLE_TEST_DEVICE=cuda runs the same scenarios on CUDA tensors (several gloo ranks may
+# share one GPU); the default is CPU.
+DEVICE = os.environ.get("TPSAMPLE_TEST_DEVICE", "cpu")
 
 
 def mixed_params(vocab: int) -> list[SamplingParams]:
@@ -49,7 +54,7 @@ def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: i
                  waves: bool = False, grammar: bool = False, drafts: bool = False):
     """Run the mixed batch; returns per step (req ids, tokens, num_sampled, logprobs...) in req-id terms."""
     sampler = tpsample.Sampler(vocab, max_num_reqs=16, strategy=strategy, group=group, seed=1234,
-                               max_num_logits_per_req=3, eos_token_id=4)
+                               max_num_logits_per_req=3, eos_token_id=4, device=DEVICE)
     tp, rank = sampler.tp_size, sampler.rank
     start, end = tpsample.vocab_shard(vocab, tp, rank)
     params = mixed_params(vocab)
@@ -72,7 +77,7 @@ def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: i
         full = _logits_by_request(batch, dr, step, vocab)
         mask = grammar_rows(rows, vocab, step) if grammar else None
         plan = sampler.plan(batch, draft_token_ids=dr, grammar_bitmask=mask)
-        local = full[plan.logits_order][:, start:end].contiguous()
+        local = full[plan.logits_order][:, start:end].contiguous().to(DEVICE)
         out = sampler.sample(local, plan)
         rec = {"ids": batch, "tokens": {r: out.tokens(i) for i, r in enumerate(batch)},
                "rejected": {r: int(out.num_rejected[i]) for i, r in enumerate(batch)},
@@ -119,7 +124,7 @@ def small_batch(group, vocab: int, strategy: str):
     for step in range(3):
         plan = sampler.plan(["a"])
         full = step_logits(99, step, plan.num_rows, vocab)
-        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous(), plan)
+        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous().to(DEVICE), plan)
         tokens.append(out.tokens(0) + out.logprobs.token_ids[0].tolist())
     return tokens
 
@@ -148,6 +153,6 @@ def accounting(group, vocab: int, rows: int):
             sampler.add_request(r, SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), [1])
         plan = sampler.plan(ids)
         full = step_logits(3, 0, rows, vocab)
-        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous(), plan)
+        out = sampler.sample(full[plan.logits_order][:, start:end].contiguous().to(DEVICE), plan)
         res[s] = (out.sampled_token_ids[:, 0].tolist(), sampler.last_stats)
     return res

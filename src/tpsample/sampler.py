@@ -50,7 +50,10 @@ class Sampler:
     def __init__(self, vocab_size: int, *, max_num_reqs: int = 256, max_num_logits_per_req: int = 1,
                  strategy: str = "auto", group=None, device=None, max_logprobs: int = 20,
                  eos_token_id: Optional[int] = None, seed: Optional[int] = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, inplace_logits: bool = False):
+        """inplace_logits: let `sample` use fp32 local logits as its working buffer (saves a copy
+        of the shard; the tensor then holds processed values). seed: the base of request seeds
+        (drawn and agreed across ranks once, here, when None). timeout_s: per collective."""
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         if strategy not in STRATEGY_NAMES:
@@ -66,6 +69,7 @@ class Sampler:
         self.strategy = strategy
         self.max_logprobs = max_logprobs
         self.eos_token_id = eos_token_id
+        self.inplace_logits = inplace_logits
         self.device = torch.device(device) if device is not None else None
         self.group = TPGroup.resolve(group, timeout_s)
         self.comm = Collectives(self.group)
@@ -134,7 +138,7 @@ class Sampler:
             check_draft_probs(draft_probs, plan.num_rows, width)
         comm = Collectives(self.group)
         ctx = StepContext(states, self.vocab_size, self.col_start, self.col_end, self.eos_token_id, comm,
-                          draft_probs=draft_probs)
+                          draft_probs=draft_probs, inplace=self.inplace_logits)
         on_cuda = local_logits.is_cuda
         if on_cuda:
             torch.cuda.synchronize(local_logits.device)

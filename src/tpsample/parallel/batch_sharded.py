@@ -48,7 +48,8 @@ class BatchSharded:
         mask = None
         if plan.grammar_bitmask is not None:
             mask = plan.grammar_bitmask[torch.tensor(rows, dtype=torch.int64)]
-        block, lp = sample_requests(full, 0, plan, ctx, owned, LocalRows(), mask, probs)
+        block, lp = sample_requests(full, 0, plan, ctx, owned, LocalRows(), mask, probs,
+                                    inplace=ctx.inplace or comm.size > 1)
         max_own = max(len(o) for o in plan.owned_reqs)
         gathered = comm.all_gather(_pad_rows(block, max_own).to(x.device)).cpu()
         out = torch.empty((plan.num_reqs, block.shape[1]), dtype=torch.int64)

@@ -48,6 +48,7 @@ class StepContext:
     comm: Collectives
     meter: MemoryMeter = field(default_factory=MemoryMeter)
     draft_probs: Optional[torch.Tensor] = None   # [rows, V_r], rows in logits_order
+    inplace: bool = False              # the caller lets the sampler overwrite fp32 local logits
 
     @property
     def rank(self) -> int:
@@ -66,11 +67,12 @@ def row_specs(plan: SamplingPlan, requests: list[RequestState], req_indices) -> 
 
 def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: StepContext,
                     req_indices, red, bitmask: Optional[torch.Tensor],
-                    draft_probs: Optional[torch.Tensor]):
+                    draft_probs: Optional[torch.Tensor], inplace: bool = False):
     """(block [len(req_indices), max_rows + 4] int64, logprobs tuple or None) for these requests."""
     specs = row_specs(plan, ctx.requests, req_indices)
     b = build_row_batch(specs, ctx.vocab_size, ctx.eos_token_id)
-    res = sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter)
+    res = sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter,
+                      inplace=inplace)
     rows_per_req = [plan.rows_per_req[i] for i in req_indices]
     block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, rows_per_req, plan.max_rows)
     lp = None

@@ -35,5 +35,5 @@ class Replicated:
         full = gather_vocab(x, ctx)
         probs = None if ctx.draft_probs is None else gather_vocab(ctx.draft_probs, ctx)
         block, lp = sample_requests(full, 0, plan, ctx, range(plan.num_reqs), LocalRows(),
-                                    plan.grammar_bitmask, probs)
+                                    plan.grammar_bitmask, probs, inplace=ctx.inplace or ctx.comm.size > 1)
         return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))

@@ -30,16 +30,16 @@ class ShardReducer:
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return self.comm.all_reduce(x, "sum")
 
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather(x).permute(1, 0, 2)   # [rows, tp, c]
+
     def cat(self, x: torch.Tensor) -> torch.Tensor:
-        parts = self.comm.all_gather(x)                  # [tp, rows, c]
-        return parts.permute(1, 0, 2).reshape(x.shape[0], -1)
+        return self.gather(x).reshape(x.shape[0], -1)
 
     def argmax_pair(self, values: torch.Tensor, ids: torch.Tensor):
         packed = torch.stack([values.double(), ids.double()], dim=1)   # ids < 2**53: exact
-        parts = self.comm.all_gather(packed)             # [tp, rows, 2]
-        v = parts[:, :, 0].t().to(values.dtype)
-        i = parts[:, :, 1].t().to(torch.int64)
-        return best_of_parts(v, i)
+        parts = self.gather(packed)                      # [rows, tp, 2]
+        return best_of_parts(parts[:, :, 0].to(values.dtype), parts[:, :, 1].to(torch.int64))
 
 
 class VocabParallel:
@@ -48,5 +48,5 @@ class VocabParallel:
     def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
         red = ShardReducer(ctx.comm)
         block, lp = sample_requests(x, ctx.col_start, plan, ctx, range(plan.num_reqs), red,
-                                    plan.grammar_bitmask, ctx.draft_probs)
+                                    plan.grammar_bitmask, ctx.draft_probs, inplace=ctx.inplace)
         return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))

@@ -24,17 +24,18 @@ def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.T
     return z.gather(1, idx.unsqueeze(1)).squeeze(1), idx + col_start
 
 
-def greedy(l: torch.Tensor, col_start: int, red) -> tuple[torch.Tensor, torch.Tensor]:
-    """Argmax of the row, ties -> lowest id. l must hold no NaN."""
-    v, i = local_argmax(l, col_start)
-    return red.argmax_pair(v, i)
-
-
 def gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                 col_start: int, red, salt: int = SALT_DRAW,
                 exclude: Optional[torch.Tensor] = None,
                 log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """argmax over kept tokens of (score + g(seed, pos, id)); returns (value, global id) per row.
+    """Row-wide `local_gumbel_draw`."""
+    return red.argmax_pair(*local_gumbel_draw(l, thr, seeds, positions, col_start, salt, exclude, log_weights))
+
+
+def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                      col_start: int, salt: int = SALT_DRAW, exclude: Optional[torch.Tensor] = None,
+                      log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """argmax over kept local tokens of (score + g(seed, pos, id)): (value, global id) per row.
 
     score is `l` (the processed logits), or `log_weights` when given (residual draws).
     exclude: [rows] global token id to leave out (-1 = none), for the one-hot residual.
@@ -54,7 +55,7 @@ def gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positio
         z.masked_fill_(~keep, NEG_INF)
         best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
         del z, g, keep
-    return red.argmax_pair(best_v, best_i)
+    return best_v, best_i
 
 
 def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 NEG_INF = float("-inf")
 NUM_CANDIDATES = 64
-ROW_CHUNK_ELEMS = 1 << 22     # bound on [rows, cols] temporaries
+ROW_CHUNK_ELEMS = 1 << 17     # bound on [rows, cols] temporaries (~3 MiB at 22 B each)
 
 
 def mass_shift(vocab_size: int) -> int:
@@ -97,11 +97,17 @@ def top_p_threshold(l: torch.Tensor, thr: torch.Tensor, top_p: torch.Tensor, red
         v, i = torch.topk(l[s:t].masked_fill(~kept[s:t], NEG_INF), c, dim=1)
         cand_v[s:t, :c], cand_e[s:t, :c] = v, e.gather(1, i)
         del e
-    total = red.sum(total)
+    # one gather: each part's candidates (value bits, masses) and its total mass
+    packed = torch.cat([cand_v.view(torch.int32).to(torch.int64), cand_e, total.unsqueeze(1)], dim=1)
+    parts = red.gather(packed)                                    # [rows, parts, 2c + 1]
+    k = NUM_CANDIDATES
+    part_v = parts[:, :, :k].to(torch.int32).view(torch.float32)   # [rows, parts, k]
+    part_e = parts[:, :, k:2 * k]
+    total = parts[:, :, -1].sum(dim=1)
     target = top_p.to(l.device).to(torch.float64) * total.to(torch.float64)
     # Everything strictly above the largest c-th local value is among the candidates.
-    seen_above = red.max(cand_v[:, -1])
-    v_star, found = _threshold_from_candidates(red.cat(cand_v), red.cat(cand_e), target, seen_above)
+    seen_above = part_v[:, :, -1].amax(dim=1)
+    v_star, found = _threshold_from_candidates(part_v.reshape(n, -1), part_e.reshape(n, -1), target, seen_above)
     active = top_p.to(l.device) < 1
     need_search = active & ~found
     if bool(need_search.any()):

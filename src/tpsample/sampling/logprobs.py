@@ -56,14 +56,31 @@ def sort_value_desc_id_asc(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch
 
 
 def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: int, red):
-    """(ids [rows, 1+n], logprobs [rows, 1+n] fp32, ranks [rows]) for chosen tokens of rows l."""
-    lse = log_sum_exp(l, red)
-    vx = value_at(l, tokens, col_start, red)
-    rank = 1 + red.sum((l > vx.unsqueeze(1)).sum(dim=1))
+    """(ids [rows, 1+n], logprobs [rows, 1+n] fp32, ranks [rows]) for chosen tokens of rows l.
+
+    Two reducer calls: one gather of each part's (max, sum-exp relative to it, value of the
+    chosen token, top-n values and ids), then one sum of the strictly-greater counts.
+    """
+    rows, cols = l.shape
+    m = l.amax(dim=1) if cols else torch.full((rows,), NEG_INF, device=l.device)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    se = torch.exp((l - m_safe.unsqueeze(1)).double()).sum(dim=1)
+    local = (tokens >= col_start) & (tokens < col_start + cols)
+    idx = (tokens - col_start).clamp(0, max(cols - 1, 0))
+    vx = l.gather(1, idx.unsqueeze(1)).squeeze(1) if cols else torch.full((rows,), NEG_INF, device=l.device)
+    vx = torch.where(local, vx, torch.full_like(vx, NEG_INF))
     top_v, top_i = local_top_n(l, n_top, col_start)
-    top_v, top_i = sort_value_desc_id_asc(red.cat(top_v), red.cat(top_i))
+    packed = torch.cat([torch.stack([m_safe.double(), se, vx.double()], dim=1), top_v.double(), top_i.double()], dim=1)
+    parts = red.gather(packed)                                    # [rows, parts, 3 + 2n]
+    big_m = parts[:, :, 0].amax(dim=1)
+    lse = big_m + torch.log((parts[:, :, 1] * torch.exp(parts[:, :, 0] - big_m.unsqueeze(1))).sum(dim=1))
+    vx = parts[:, :, 2].amax(dim=1).to(l.dtype)
+    rank = 1 + red.sum((l > vx.unsqueeze(1)).sum(dim=1))
+    top_v = parts[:, :, 3:3 + n_top].reshape(rows, -1).to(l.dtype)
+    top_i = parts[:, :, 3 + n_top:].reshape(rows, -1).to(torch.int64)
+    top_v, top_i = sort_value_desc_id_asc(top_v, top_i)
     top_v, top_i = top_v[:, :n_top], top_i[:, :n_top]
     ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
-    vals = torch.cat([vx.unsqueeze(1), top_v], dim=1) - lse.unsqueeze(1)
+    vals = torch.cat([vx.unsqueeze(1), top_v], dim=1).double() - lse.unsqueeze(1)
     vals = torch.where(ids >= 0, vals, torch.full_like(vals, NEG_INF))
     return ids, vals.float(), rank

@@ -8,7 +8,8 @@ draft token, that token when accepted, else the residual draw. The same function
 strategy, so equal logits and seeds give equal tokens everywhere.
 
 Invariants: never returns an id outside [0, V); never materialises a logprob tensor; processors
-no row uses are skipped; `x` is never modified.
+no row uses are skipped; `x` is never modified unless `inplace` (then an fp32 `x` is the
+working buffer and ends up holding the processed rows).
 """
 from __future__ import annotations
 
@@ -19,10 +20,15 @@ import torch
 
 from . import processors as P
 from .batch import RowBatch
-from .draw import greedy, guard_tokens, gumbel_draw, local_argmax
-from .filters import NEG_INF, min_p_threshold, row_chunks, top_k_threshold, top_p_threshold
+from .draw import guard_tokens, local_argmax, local_gumbel_draw
+from .filters import NEG_INF, ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold, top_p_threshold
 from .logprobs import row_logprobs
+from .reducer import combine_pairs
 from .rejection import verify_drafts
+
+
+# per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
+CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
 
 
 @dataclass
@@ -38,12 +44,16 @@ class RowResult:
 
 def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
                 bitmask: Optional[torch.Tensor] = None,
-                draft_probs: Optional[torch.Tensor] = None, meter=None) -> RowResult:
+                draft_probs: Optional[torch.Tensor] = None, meter=None,
+                inplace: bool = False) -> RowResult:
     dev = x.device
-    l = x.to(torch.float32, copy=True)                                    # [rows, cols] working row
-    num_nans = red.sum(torch.isnan(l).sum(dim=1))                         # 1
-    l.masked_fill_(torch.isnan(l), NEG_INF)
-    raw_max, raw_arg = red.argmax_pair(*local_argmax(l, col_start))
+    copy = not (inplace and x.dtype == torch.float32)
+    l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
+    nan_mask = torch.isnan(l)
+    local_nans = nan_mask.sum(dim=1)                                      # 1
+    l.masked_fill_(nan_mask, NEG_INF)
+    del nan_mask
+    raw_local = local_argmax(l, col_start)
     if bitmask is not None:                                               # 2
         P.apply_bitmask(l, bitmask, col_start)
     raw = _raw_logprob_rows(l, b)
@@ -51,16 +61,20 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     P.apply_bias(l, b.bias, col_start)
     P.apply_banned(l, b.banned, col_start)
     P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)   # 4
-    greedy_v, greedy_tok = greedy(l, col_start, red)                      # 5 done; greedy rows end here
+    greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
     if b.sample_any:
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, red)                                      # 7-9
         for s, t in row_chunks(b.num_rows, l.shape[1]):
             l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
         none = torch.full_like(thr, NEG_INF)
-        drawn_v, drawn_tok = gumbel_draw(l, none, b.seeds, b.positions, col_start, red)   # 10
+        drawn_local = local_gumbel_draw(l, none, b.seeds, b.positions, col_start)         # 10
     else:
-        drawn_v, drawn_tok = greedy_v, greedy_tok
+        drawn_local = greedy_local
+    # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
+    winners, num_nans = combine_pairs(red, [raw_local, greedy_local, drawn_local], local_nans)
+    (raw_max, raw_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
+    num_nans = num_nans.to(torch.int64)
     is_greedy = b.greedy.to(dev)
     main_v = torch.where(is_greedy, greedy_v, drawn_v)
     fallback = main_v == NEG_INF                                          # 12
@@ -75,8 +89,9 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     out = RowResult(emitted, accepted, fallback, num_nans)
     if b.logprobs_max >= 0:                                               # 11
         _logprobs(out, l, raw, b, col_start, red)
-    if meter is not None:
-        meter.note(l.numel() * 4 + (raw[1].numel() * 4 if raw is not None else 0))
+    if meter is not None:   # the working copy, raw-logprob rows and the largest chunk temporaries
+        chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
+        meter.note((l.numel() * 4 if copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
     return out
 
 

@@ -25,12 +25,33 @@ class LocalRows:
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, c] per part -> [rows, parts, c] (part order)."""
+        return x.unsqueeze(1)
+
     def cat(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate [rows, c] parts of all ranks along dim 1 (rank order)."""
         return x
 
     def argmax_pair(self, values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return values, ids
+
+
+def combine_pairs(red, pairs: list[tuple[torch.Tensor, torch.Tensor]], extra: torch.Tensor | None = None):
+    """Row-wide winners of several local (value, id) pairs with one gather.
+
+    extra: optional [rows] float64 values summed over parts in the same gather.
+    Returns the list of (value, id) winners, and the summed extra (or None).
+    """
+    cols = [t for v, i in pairs for t in (v.double(), i.double())]     # ids < 2**53: exact
+    if extra is not None:
+        cols.append(extra.double())
+    parts = red.gather(torch.stack(cols, dim=1))                      # [rows, parts, 2k (+1)]
+    out = []
+    for k, (v, _) in enumerate(pairs):
+        out.append(best_of_parts(parts[:, :, 2 * k].to(v.dtype), parts[:, :, 2 * k + 1].to(torch.int64)))
+    total = parts[:, :, -1].sum(dim=1) if extra is not None else None
+    return out, total
 
 
 def best_of_parts(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
