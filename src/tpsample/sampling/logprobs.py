@@ -82,5 +82,6 @@ def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: i
     top_v, top_i = top_v[:, :n_top], top_i[:, :n_top]
     ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
     vals = torch.cat([vx.unsqueeze(1), top_v], dim=1).double() - lse.unsqueeze(1)
-    vals = torch.where(ids >= 0, vals, torch.full_like(vals, NEG_INF))
+    finite = (ids >= 0) & (lse > NEG_INF).unsqueeze(1)           # a row with nothing finite: -inf, not NaN
+    vals = torch.where(finite, vals, torch.full_like(vals, NEG_INF))
     return ids, vals.float(), rank
