@@ -45,7 +45,7 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
     best_v = torch.full((n,), NEG_INF, device=l.device)
     best_i = torch.zeros(n, dtype=torch.int64, device=l.device)
     ids_all = torch.arange(col_start, col_start + cols, device=l.device)
-    for s, t in row_chunks(n, cols):
+    for s, t in row_chunks(n, cols, l.device):
         score = l[s:t] if log_weights is None else log_weights[s:t]
         g = gumbel_noise(seeds[s:t].to(l.device), positions[s:t].to(l.device), ids_all, salt)
         z = g.add_(score)

@@ -21,7 +21,8 @@ import torch
 from . import processors as P
 from .batch import RowBatch
 from .draw import guard_tokens, local_argmax, local_gumbel_draw
-from .filters import NEG_INF, ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold, top_p_threshold
+from .filters import NEG_INF, ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
+from .topp import top_p_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
@@ -65,7 +66,7 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     if b.sample_any:
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, red)                                      # 7-9
-        for s, t in row_chunks(b.num_rows, l.shape[1]):
+        for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
             l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
         none = torch.full_like(thr, NEG_INF)
         drawn_local = local_gumbel_draw(l, none, b.seeds, b.positions, col_start)         # 10
@@ -96,13 +97,17 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
 
 
 def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:
+    """min-p, top-k, top-p as one threshold per row (min-p and top-k commute: both keep a top set)."""
     thr = torch.full((b.num_rows,), NEG_INF, device=l.device)
-    if b.min_p_any:
-        thr = torch.maximum(thr, min_p_threshold(l, b.min_p, red))
+    cand = None
     if b.top_k_max > 0:
-        thr = torch.maximum(thr, top_k_threshold(l, b.top_k, b.top_k_max, red))
+        thr_k, cand = top_k_threshold(l, b.top_k, b.top_k_max, red)
+        thr = torch.maximum(thr, thr_k)
+    if b.min_p_any:
+        row_max = None if cand is None else cand.values[:, 0]     # the union holds the row max
+        thr = torch.maximum(thr, min_p_threshold(l, b.min_p, red, row_max))
     if b.top_p_any:
-        thr = top_p_threshold(l, thr, b.top_p, red, b.vocab_size)
+        thr = top_p_threshold(l, thr, b.top_p, red, b.vocab_size, cand)
     return thr
 
 

@@ -38,19 +38,21 @@ class LocalRows:
 
 
 def combine_pairs(red, pairs: list[tuple[torch.Tensor, torch.Tensor]], extra: torch.Tensor | None = None):
-    """Row-wide winners of several local (value, id) pairs with one gather.
+    """Row-wide winners of several local (fp32 value, id) pairs with one int32 gather.
 
-    extra: optional [rows] float64 values summed over parts in the same gather.
+    Values travel as their fp32 bits, ids as int32 (V < 2**31), so nothing is rounded.
+    extra: optional [rows] integer counts summed over parts in the same gather.
     Returns the list of (value, id) winners, and the summed extra (or None).
     """
-    cols = [t for v, i in pairs for t in (v.double(), i.double())]     # ids < 2**53: exact
+    cols = [t for v, i in pairs for t in (v.float().view(torch.int32), i.to(torch.int32))]
     if extra is not None:
-        cols.append(extra.double())
-    parts = red.gather(torch.stack(cols, dim=1))                      # [rows, parts, 2k (+1)]
+        cols.append(extra.to(torch.int32))
+    parts = red.gather(torch.stack(cols, dim=1))                      # [rows, parts, 2k (+1)] int32
     out = []
-    for k, (v, _) in enumerate(pairs):
-        out.append(best_of_parts(parts[:, :, 2 * k].to(v.dtype), parts[:, :, 2 * k + 1].to(torch.int64)))
-    total = parts[:, :, -1].sum(dim=1) if extra is not None else None
+    for k in range(len(pairs)):
+        vals = parts[:, :, 2 * k].contiguous().view(torch.float32)
+        out.append(best_of_parts(vals, parts[:, :, 2 * k + 1].to(torch.int64)))
+    total = parts[:, :, -1].to(torch.int64).sum(dim=1) if extra is not None else None
     return out, total
 
 
