@@ -84,12 +84,13 @@ class SamplingParams:
             _check(all(_is_token(t) for t in self.allowed_token_ids), "allowed_token_ids",
                    "token ids >= 0", self.allowed_token_ids)
         if self.stop_token_ids is not None:
-            _check(all(_is_token(t) for t in self.stop_token_ids), "stop_token_ids",
-                   "token ids >= 0", self.stop_token_ids)
+            _check(isinstance(self.stop_token_ids, (list, tuple)) and all(_is_token(t) for t in self.stop_token_ids),
+                   "stop_token_ids", "a list of token ids >= 0", self.stop_token_ids)
         if self.bad_words_token_ids is not None:
             words = self.bad_words_token_ids
             _check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS,
-                   "bad_words_token_ids", f"a list of at most {MAX_BAD_WORDS} sequences", len(words))
+                   "bad_words_token_ids", f"a list of at most {MAX_BAD_WORDS} sequences",
+                   len(words) if isinstance(words, (list, tuple)) else words)
             for w in words:
                 _check(isinstance(w, (list, tuple)) and 1 <= len(w) <= MAX_BAD_WORD_LEN,
                        "bad_words_token_ids", f"non-empty sequences of at most {MAX_BAD_WORD_LEN} tokens", w)
