@@ -51,7 +51,7 @@ def grammar_rows(rows: int, vocab: int, seed: int) -> torch.Tensor:
 
 
 def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: int = 0,
-                 waves: bool = False, grammar: bool = False, drafts: bool = False):
+                 waves: bool = False, grammar: bool = False, drafts: bool = False, probs: bool = False):
     """Run the mixed batch; returns per step (req ids, tokens, num_sampled, logprobs...) in req-id terms."""
     sampler = tpsample.Sampler(vocab, max_num_reqs=16, strategy=strategy, group=group, seed=1234,
                                max_num_logits_per_req=3, eos_token_id=4, device=DEVICE)
@@ -73,12 +73,22 @@ def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: i
         perm = torch.randperm(len(ids), generator=g).tolist() if order_seed else list(range(len(ids)))
         batch = [ids[i] for i in perm]
         dr = [[(step * 7 + k) % vocab for k in range(i % 3)] for i in range(len(batch))] if drafts else None
-        rows = sum(1 + (len(d) if dr else 0) for d in (dr or [[]] * len(batch)))
         full = _logits_by_request(batch, dr, step, vocab)
+        if drafts:   # half the requests draft the argmax of their target rows: many accepts
+            start_row = 0
+            for i, d in enumerate(dr):
+                if i % 2 == 0:
+                    d[:] = full[start_row:start_row + len(d)].argmax(dim=1).tolist()
+                start_row += 1 + len(d)
+        rows = full.shape[0]
         mask = grammar_rows(rows, vocab, step) if grammar else None
         plan = sampler.plan(batch, draft_token_ids=dr, grammar_bitmask=mask)
         local = full[plan.logits_order][:, start:end].contiguous().to(DEVICE)
-        out = sampler.sample(local, plan)
+        q = None
+        if probs:   # draft distributions, vocab-sharded and ordered like the logits
+            q_full = torch.softmax(_logits_by_request(batch, dr, step + 100, vocab) / 2, dim=1)
+            q = q_full[plan.logits_order][:, start:end].contiguous().to(DEVICE)
+        out = sampler.sample(local, plan, draft_probs=q)
         rec = {"ids": batch, "tokens": {r: out.tokens(i) for i, r in enumerate(batch)},
                "rejected": {r: int(out.num_rejected[i]) for i, r in enumerate(batch)},
                "nans": {r: int(out.num_nans[i]) for i, r in enumerate(batch)}}
@@ -112,6 +122,7 @@ def tp_suite(group, vocab: int = V_ODD, steps: int = 4):
         out[(s, "mixed")] = run_scenario(group, s, vocab, steps, grammar=True, drafts=True)
         out[(s, "permuted")] = run_scenario(group, s, vocab, steps, order_seed=7)
         out[(s, "waves")] = run_scenario(group, s, vocab, steps, waves=True)
+        out[(s, "draft_probs")] = run_scenario(group, s, vocab, steps, drafts=True, probs=True)
     return out
 
 

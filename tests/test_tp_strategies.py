@@ -9,7 +9,7 @@ import pytest
 from scenarios import STRATEGIES, V_ODD, accounting, die_mid_step, run_scenario, small_batch, tp_suite
 from tpsample.parallel.launch import spawn_ranks
 
-VARIANTS = ("mixed", "permuted", "waves")
+VARIANTS = ("mixed", "permuted", "waves", "draft_probs")
 
 
 @pytest.fixture(scope="module")
