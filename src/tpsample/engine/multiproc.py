@@ -15,6 +15,7 @@ import traceback
 from multiprocessing.connection import wait
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tpsample.engine.config import EngineConfig
@@ -33,10 +34,11 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
         if rank != 0:
             conn.send(("ready", None))
             follow(runner, channel)
-            return
-        engine = build_engine(runner, channel, peaks)
-        conn.send(("ready", engine.info))
-        _serve(engine, conn)
+        else:
+            engine = build_engine(runner, channel, peaks)
+            conn.send(("ready", engine.info))
+            _serve(engine, conn)
+        dist.destroy_process_group()
     except BaseException:
         try:
             conn.send(("fatal", traceback.format_exc()))
@@ -67,6 +69,7 @@ class MultiprocBackend:
         ctx = mp.get_context("spawn")
         port = free_port()
         self.procs, self.conns = [], []
+        self._inbox: list[list] = [[] for _ in range(cfg.tensor_parallel_size)]
         for rank in range(cfg.tensor_parallel_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(rank, cfg, port, kind, child), daemon=True,
@@ -88,6 +91,8 @@ class MultiprocBackend:
         deadline = time.monotonic() + timeout_s
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while True:
+            if self._inbox[rank]:
+                return self._inbox[rank].pop(0)
             left = deadline - time.monotonic()
             ready = wait(self.conns + list(sentinels), timeout=max(0.0, left))
             if not ready:
@@ -101,8 +106,7 @@ class MultiprocBackend:
                         continue                    # the sentinel reports the exit
                     if msg[0] == "fatal":
                         self._fail(f"rank {r} failed during {what}:\n{msg[1]}")
-                    if r == rank:
-                        return msg
+                    self._inbox[r].append(msg)
             for obj in ready:
                 if obj in sentinels:
                     r = sentinels[obj]

@@ -14,11 +14,16 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class GuidedDecoding:
-    """Exactly one of: a JSON schema (dict or str), a regex, an EBNF grammar, or any JSON object."""
+    """Exactly one of: a JSON schema (dict or str), a regex, an EBNF grammar, or any JSON object.
+
+    any_whitespace: let JSON carry free whitespace between tokens (off: compact JSON, which keeps
+    weak models from emitting whitespace forever).
+    """
     json_schema: dict | str | None = None
     regex: str | None = None
     grammar: str | None = None
     json_object: bool = False
+    any_whitespace: bool = False
 
     def __post_init__(self) -> None:
         chosen = [self.json_schema is not None, self.regex is not None, self.grammar is not None,
@@ -30,7 +35,8 @@ class GuidedDecoding:
         """(kind, source) with the schema serialised, so equal requests share a compiled grammar."""
         if self.json_schema is not None:
             schema = self.json_schema
-            return "json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+            source = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+            return ("json_schema_ws" if self.any_whitespace else "json_schema"), source
         if self.regex is not None:
             return "regex", self.regex
         if self.grammar is not None:

@@ -29,8 +29,8 @@ class GrammarBackend:
         if key not in self._cache:
             kind, source = key
             try:
-                if kind == "json_schema":
-                    compiled = self._compiler.compile_json_schema(source)
+                if kind in ("json_schema", "json_schema_ws"):
+                    compiled = self._compiler.compile_json_schema(source, any_whitespace=kind == "json_schema_ws")
                 elif kind == "regex":
                     compiled = self._compiler.compile_regex(source)
                 elif kind == "grammar":
