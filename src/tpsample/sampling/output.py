@@ -49,7 +49,7 @@ def assemble(emitted: torch.Tensor, accepted: torch.Tensor, fallback: torch.Tens
         out[r, max_rows] = k + 1
         out[r, max_rows + 1] = (n - 1) - k
         out[r, max_rows + 2] = int(num_nans[start:start + n].sum())
-        out[r, max_rows + 3] = int(fallback[start:start + n].sum())
+        out[r, max_rows + 3] = int(fallback[start:start + k + 1].sum())   # rows that emitted a token
         start += n
     return out
 
