@@ -116,8 +116,12 @@ def allocate_kv(model: CausalLM, num_blocks: int, block_size: int, dtype, device
     """One [layers, 2, slots, Hkv_local, D] tensor; each attention layer gets its (K, V) views."""
     layers = model.attention_layers()
     slots = num_blocks * block_size
-    kv = torch.zeros(len(layers), 2, slots, layers[0].num_kv_heads, layers[0].head_dim,
+    kv = torch.empty(len(layers), 2, slots, layers[0].num_kv_heads, layers[0].head_dim,
                      dtype=dtype, device=device)
+    # Attention only gathers slots written before it reads them, plus slot 0 for padding (masked
+    # out, but 0 * NaN would still poison the sum): zero that one block, leave the rest untouched
+    # (on CPU, untouched pages cost nothing).
+    kv[:, :, :block_size].zero_()
     for i, attn in enumerate(layers):
         attn.kv_cache = (kv[i, 0], kv[i, 1])
     return kv
