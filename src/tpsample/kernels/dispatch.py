@@ -1,0 +1,124 @@
+"""Entry points of the Triton kernels: exact, memory-lean sampling and logprob statistics.
+
+Contract (the semantics of DESIGN.md section 2 steps 6-10 and 12 on processed rows; the torch twin
+is `tpsample.kernels.torch_ref`, and `tpsample.sampling` computes the same on CPU):
+- x: [R, V_local] fp32 / bf16 / fp16 logits, unit column stride, any row stride; never copied
+  or upcast as a whole (kernels upcast per block). Column j is global token col_offset + j.
+- Per-row params: temperature [R] fp32 (0 = greedy), top_k [R] int32 (<= 0 or >= V: off),
+  top_p [R] fp32 (>= 1: off), log_min_p [R] fp32 (= log(min_p); -inf: off), key0/key1 [R] int64
+  holding uint32 row keys from `sampling.rng.row_keys`.
+- l = fp32(x) / T with IEEE division; NaN counts as -inf everywhere; -inf is never kept.
+  greedy: argmax of fp32(x), ties -> lowest id; valid iff that max > -inf.
+  t1 = max(l) + log_min_p (only when min-p is on); t2 = the k-th largest l counting duplicates
+  (-inf if fewer than k entries); thr = max(t1, t2); kept = l >= thr and l > -inf.
+  top-p (when on and max(l) is finite): m = max(l), e_i = trunc(exp(l_i - m) * 2**shift) int64
+  (exp(0) = 1), shift = 62 - max(1, ceil(log2(V_global))); S = sum of e over kept;
+  v* = the smallest kept value with float64(sum of e over kept l_j > v*) < float64(top_p) * S;
+  kept = l >= v*. draw: argmax over kept of fp32(l + g(key0, key1, global id)), ties -> lowest id.
+  guard: no kept entry -> the argmax of fp32(x) (0 if all are -inf/NaN), valid = False.
+- Keys: order_key(f) = bits ^ 0x80000000 (sign clear) or ~bits (sign set), with -0.0 keyed as
+  +0.0 so that key order is exactly value order.
+- Extra memory: O(R x (V / 128 + 2048)) bytes-scale workspace, about 10 MiB at R = 256,
+  V = 151936; no [R, V] temporary, no fp32 copy.
+- Exactness: every decision is on exact integers or keys. Bits match torch wherever exp / log
+  do: on CUDA, `log` is libdevice's (as torch's); `exp` is libdevice's when exact_exp (default)
+  and `ex2.approx` otherwise. Under TRITON_INTERPRET=1, numpy's exp / log may differ from
+  torch's CPU ones in the last ulp (a token differs only if that ulp decides it).
+Must not import tpsample.sampling's pipeline (only rng); the sampler imports this module.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .torch_ref import mass_shift
+
+MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape: CAP candidates per row, P pivots and NB histogram bins per search pass."""
+    block: int = 1024          # columns per step in the round passes
+    scan_cols: int = 2048      # columns per step in the scan (TILE x BB)
+    cap: int = 2048
+    small: int = 256
+    pivots: int = 8
+    bins: int = 256
+    num_warps: int = 8
+    splits: Optional[int] = None       # programs per row; None: enough to fill the GPU
+    block_max_cols: Optional[int] = None   # BB; None: 16..128 from V
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def kernels_available(device) -> bool:
+    """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
+    dev = torch.device(device)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    if dev.type == "cuda":
+        return torch.cuda.is_available()
+    return dev.type == "cpu" and interpreting()
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
+    """Programs per row: about 4 per SM in all (so R = 1 still fills the GPU), a power of two."""
+    if cfg.splits is not None:
+        return cfg.splits
+    if torch.device(device).type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = _pow2(max(1, (4 * sms) // max(rows, 1)))
+    most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
+    return max(1, min(want, most))
+
+
+@dataclass(frozen=True)
+class RowHints:
+    """What the batch uses, known on the host (saves a device sync): any rows with filters
+    (top-k, top-p or min-p) and any with top-k or top-p (which may need several rounds)."""
+    any_filter: bool
+    any_top_k_or_p: bool
+
+
+def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
+    sampled = temperature != 0
+    kp = sampled & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1))
+    filt = kp | (sampled & (log_min_p > float("-inf")))
+    flags = torch.stack([filt.any(), kp.any()]).tolist()
+    return RowHints(bool(flags[0]), bool(flags[1]))
+
+
+def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
+                vocab_size_global: Optional[int] = None, hints: Optional[RowHints] = None,
+                exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig()):
+    """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
+    valid [R] bool: False where the guard chose the token)."""
+    from .sample_launch import launch_sample
+    rows, cols = x.shape
+    if rows == 0:
+        return torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device)
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    dev = x.device
+    params = (temperature.to(dev, torch.float32), top_k.to(dev, torch.int32), top_p.to(dev, torch.float32),
+              log_min_p.to(dev, torch.float32), key0.to(dev, torch.int64), key1.to(dev, torch.int64))
+    if hints is None:
+        hints = hints_from_params(params[0], params[1], params[2], params[3], cols)
+    if exact_exp is None:
+        exact_exp = dev.type == "cuda" and not interpreting()
+    shift = mass_shift(vocab_size_global or cols)
+    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg)

@@ -1,0 +1,207 @@
+"""The per-row step after each round of `sample_rows` (grid (rows,)); see sample_state.py.
+
+- after DRAW: combine the splits' (value, column) winners; no kept entry -> the guard token.
+- after COLLECT: more than CAP candidates -> start the exact search. Else sort the candidate keys
+  and resolve exactly: with FAST everything (top-k's k-th largest, then top-p's v* over the kept
+  candidates, then the Gumbel argmax over the candidates left); otherwise the threshold the
+  search was after, carrying on to the next search or to DRAW.
+- after HIST: move the window between the pivots that bracket the target (exact counts and
+  masses), then collect it if it is small, else place the next pivots.
+Rows still not DONE bump `pending`, which tells the host whether to run another round.
+"""
+import triton
+import triton.language as tl
+
+from .rng_triton import gumbel
+from .sample_state import COLLECT, DONE, DRAW, FAST, FIRST, HIST, NEED_S, PHASE_TOPP, eligible_key, start_search, \
+    window_shift
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, key_to_float, mass, max_key_with_count, min_key_mass_below, \
+    order_key
+
+
+@triton.jit
+def _after_top_k(row, thr, m, p, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
+                 st_piv, P: tl.constexpr, NB: tl.constexpr):
+    """top-k (and min-p) settled at key thr: the next stage, a top-p search or the draw."""
+    tkey = tl.maximum(thr, eligible_key(NEG_INF))
+    stage = tl.full((), DRAW, tl.int32)
+    if (p < 1.0) & (m < float("inf")):
+        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift,
+                             st_cabove, st_mabove, st_piv, P, NB)
+    else:
+        tl.store(st_tkey + row, tkey)
+    return stage
+
+
+@triton.jit
+def _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token, st_valid,
+             st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv,
+             cand_key, cand_id, p_mass, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
+             P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+    idx = tl.arange(0, SIZE)
+    valid = idx < n
+    keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
+    flags = tl.load(st_flags + row)
+    m = tl.load(st_m + row)
+    t1 = tl.load(st_t1 + row)
+    t1key = tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0)
+    stage = tl.full((), DONE, tl.int32)
+    if (flags & FAST) != 0:
+        thr = t1key
+        if (k > 0) & (k <= n):
+            thr = tl.maximum(thr, max_key_with_count(keys, valid, k))
+        if (p < 1.0) & (m < float("inf")):
+            e = tl.where(valid & (keys >= thr), mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
+            S = tl.sum(e, axis=0)
+            if (flags & NEED_S) != 0:
+                S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
+            target = p.to(tl.float64) * S.to(tl.float64)
+            thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, thr - 1,
+                                     tl.full((), 0xFFFFFFFF, tl.int64))
+        kept = valid & (keys >= thr)
+        ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
+        k0 = tl.load(key0_ptr + row).to(tl.uint32)
+        k1 = tl.load(key1_ptr + row).to(tl.uint32)
+        score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), NEG_INF)
+        bv, bi = argmax_pair(score, tl.where(kept, ids, BIG_ID32))
+        found = bv > NEG_INF
+        tl.store(st_token + row, tl.where(found, bi, tl.load(st_raw + row)).to(tl.int64))
+        tl.store(st_valid + row, found.to(tl.int32))
+    elif (flags & PHASE_TOPP) == 0:
+        kappa = max_key_with_count(keys, valid, k - tl.load(st_cabove + row))
+        stage = _after_top_k(row, tl.maximum(kappa, t1key), m, p, st_flags, st_tkey, st_klo, st_khi, st_shift,
+                             st_cabove, st_mabove, st_piv, P, NB)
+    else:
+        e = tl.where(valid, mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
+        target = p.to(tl.float64) * tl.load(st_S + row).to(tl.float64)
+        thr = min_key_mass_below(keys, e, tl.load(st_mabove + row), target, tl.load(st_klo + row) - 1,
+                                 tl.load(st_khi + row))
+        tl.store(st_tkey + row, thr)
+        stage = tl.full((), DRAW, tl.int32)
+    return stage
+
+
+@triton.jit
+def _sum_parts(ptr, row, NSPLIT: tl.constexpr, W: tl.constexpr):
+    """Sum over the splits of a [rows, NSPLIT, W] partial -> [W]."""
+    off = (row * NSPLIT + tl.arange(0, NSPLIT))[:, None] * W + tl.arange(0, W)[None, :]
+    return tl.sum(tl.load(ptr + off), axis=0)
+
+
+@triton.jit
+def _next_pivots(hist, klo, shift, lo, hi, n_new, P: tl.constexpr, NB: tl.constexpr):
+    """P keys inside [lo, hi): even ones at count quantiles of the histogram bins (over the old
+    window from klo, 2**shift keys a bin) that meet [lo, hi]; odd ones evenly spaced in keys."""
+    b = tl.arange(0, NB).to(tl.int64)
+    edge = klo + (b << shift)
+    meet = (edge + (tl.full((), 1, tl.int64) << shift) - 1 >= lo) & (edge <= hi)
+    h = tl.where(meet, hist, 0).to(tl.int64)
+    desc = tl.sum(h, axis=0) - tl.cumsum(h, 0) + h
+    j = tl.arange(0, P).to(tl.int64)
+    want = (n_new * (j + 1)) // (P + 1)
+    bj = tl.max(tl.where((desc[None, :] >= want[:, None]) & meet[None, :], b[None, :], -1), axis=1)
+    q = klo + (bj << shift) - 1
+    even = lo + ((hi - lo) * (j + 1)) // (P + 1)
+    use_q = (j % 2 == 0) & (bj >= 0) & (q >= lo) & (q < hi)
+    return tl.where(use_q, q, even)
+
+
+@triton.jit
+def _hist_step(row, k, p, st_flags, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
+               st_S, st_piv, p_cnt, p_mass, p_cgt, p_mgt, p_hist, NSPLIT: tl.constexpr, CAP: tl.constexpr,
+               P: tl.constexpr, NB: tl.constexpr):
+    parts = row * NSPLIT + tl.arange(0, NSPLIT)
+    cnt = tl.sum(tl.load(p_cnt + parts), axis=0)
+    flags = tl.load(st_flags + row)
+    topp = (flags & PHASE_TOPP) != 0
+    cabove = tl.load(st_cabove + row)
+    mabove = tl.load(st_mabove + row)
+    klo = tl.load(st_klo + row)
+    khi = tl.load(st_khi + row)
+    m = tl.load(st_m + row)
+    S = tl.load(st_S + row)
+    if (flags & FIRST) != 0:
+        S = mabove + tl.sum(tl.load(p_mass + parts), axis=0)
+        tl.store(st_S + row, S)
+    stage = tl.full((), HIST, tl.int32)
+    if (~topp) & (cabove + cnt < k):        # fewer than k entries above -inf: top-k keeps all
+        t1 = tl.load(st_t1 + row)
+        stage = _after_top_k(row, tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0), m, p, st_flags,
+                             st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, P, NB)
+    else:
+        piv = tl.load(st_piv + row * P + tl.arange(0, P))
+        G = cabove + _sum_parts(p_cgt, row, NSPLIT, P)          # entries with key > pivot
+        F = mabove + _sum_parts(p_mgt, row, NSPLIT, P)          # their mass
+        target = p.to(tl.float64) * S.to(tl.float64)
+        up = tl.where(topp, F.to(tl.float64) >= target, G >= k)  # the threshold lies above the pivot
+        inside = (piv >= klo) & (piv < khi)
+        lo = tl.maximum(tl.max(tl.where(inside & up, piv + 1, klo), axis=0), klo)
+        hi = tl.minimum(tl.min(tl.where(inside & ~up, piv, khi), axis=0), khi)
+        at_lo = inside & up & (piv + 1 == lo)
+        at_hi = inside & ~up & (piv == hi)
+        g_lo = tl.where(tl.sum(at_lo.to(tl.int32), axis=0) > 0, tl.max(tl.where(at_lo, G, -1), axis=0), cabove + cnt)
+        g_hi = tl.where(tl.sum(at_hi.to(tl.int32), axis=0) > 0, tl.max(tl.where(at_hi, G, -1), axis=0), cabove)
+        f_hi = tl.where(tl.sum(at_hi.to(tl.int32), axis=0) > 0, tl.max(tl.where(at_hi, F, -1), axis=0), mabove)
+        n_new = g_lo - g_hi
+        tl.store(st_klo + row, lo)
+        tl.store(st_khi + row, hi)
+        tl.store(st_cabove + row, g_hi)
+        tl.store(st_mabove + row, f_hi)
+        tl.store(st_flags + row, flags & ~FIRST)
+        if topp & ((n_new == 0) | (lo == hi)):   # kappa* = hi: nothing else in the window is kept
+            tl.store(st_tkey + row, tl.where(n_new == 0, hi + 1, hi))
+            stage = tl.full((), DRAW, tl.int32)
+        elif lo == hi:                           # one key left: the k-th largest (ties at any count)
+            t1 = tl.load(st_t1 + row)
+            stage = _after_top_k(row, tl.maximum(lo, tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0)), m, p,
+                                 st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, P, NB)
+        elif n_new <= CAP:
+            stage = tl.full((), COLLECT, tl.int32)
+        else:
+            hist = _sum_parts(p_hist, row, NSPLIT, NB)
+            shift = tl.load(st_shift + row).to(tl.int64)
+            tl.store(st_piv + row * P + tl.arange(0, P), _next_pivots(hist, klo, shift, lo, hi, n_new, P, NB))
+            tl.store(st_shift + row, window_shift(lo, hi, NB).to(tl.int32))
+    return stage
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                  st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
+                  st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
+                  NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+    row = tl.program_id(0)
+    stage = tl.load(st_stage + row)
+    k = tl.load(k_ptr + row)
+    p = tl.load(p_ptr + row)
+    if stage == DRAW:
+        parts = row * NSPLIT + tl.arange(0, NSPLIT)
+        bv, bi = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
+        valid = bv > NEG_INF
+        tl.store(st_token + row, tl.where(valid, bi, tl.load(st_raw + row)).to(tl.int64))
+        tl.store(st_valid + row, valid.to(tl.int32))
+        stage = tl.full((), DONE, tl.int32)
+    elif stage == COLLECT:
+        n = tl.load(cand_n + row)
+        tl.store(cand_n + row, 0)
+        if n > CAP:
+            topk_on = (k > 0) & (k < ncols)
+            tkey = tl.where(topk_on, eligible_key(NEG_INF), eligible_key(tl.load(st_t1 + row)))
+            stage = start_search(row, ~topk_on, tkey, tl.load(st_m + row), st_flags, st_tkey, st_klo, st_khi,
+                                 st_shift, st_cabove, st_mabove, st_piv, P, NB)
+        elif n <= SMALL:
+            stage = _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token,
+                     st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S,
+                     st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, SMALL, P, NB, EXACT_EXP)
+        else:
+            stage = _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token,
+                     st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S,
+                     st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, CAP, P, NB, EXACT_EXP)
+    elif stage == HIST:
+        stage = _hist_step(row, k, p, st_flags, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                   st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt, p_mgt, p_hist, NSPLIT, CAP, P, NB)
+    tl.store(st_stage + row, stage)
+    if stage != DONE:
+        tl.atomic_add(pending, 1)

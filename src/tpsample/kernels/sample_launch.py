@@ -1,0 +1,95 @@
+"""Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
+
+Launches: scan (rows x splits), select (rows); then, only if some row filters, rounds of
+[round_kernel (rows x splits), finish_kernel (rows)]. Rows with min-p alone finish in one round
+(no sync). Rows with top-k / top-p usually finish in one round too (the candidate path); the
+host reads one int (`pending`) after each round to know whether any row still searches.
+The workspace is O(rows x (V / BB + CAP)) and allocated per call (the caching allocator reuses it).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .dispatch import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
+from .sample_finish import finish_kernel
+from .sample_rounds import round_kernel
+from .sample_scan import scan_kernel, select_kernel
+
+
+class Workspace:
+    """Per-call buffers; every field is [rows] unless noted (see sample_state.py for meanings)."""
+
+    def __init__(self, rows: int, splits: int, nblk: int, cfg: KernelConfig, dev):
+        def z(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=dev)
+        f32, i32 = torch.float32, torch.int32
+        n = rows * splits
+        self.raw_v, self.raw_i, self.max = z(n, dtype=f32), z(n, dtype=i32), z(n, dtype=f32)
+        self.best_v, self.best_i = z(n, dtype=f32), z(n, dtype=i32)
+        self.se_m, self.se_s = z(n, dtype=f32), z(n, dtype=f32)
+        self.bmax = z(rows, nblk, dtype=f32)
+        self.stage, self.flags, self.token, self.valid = z(rows, dtype=i32), z(rows, dtype=i32), z(rows), z(rows, dtype=i32)
+        self.raw, self.m, self.t1 = z(rows, dtype=i32), z(rows, dtype=f32), z(rows, dtype=f32)
+        self.tkey, self.klo, self.khi, self.shift = z(rows), z(rows), z(rows), z(rows, dtype=i32)
+        self.cabove, self.mabove, self.S = z(rows), z(rows), z(rows)
+        self.piv = z(rows, cfg.pivots)
+        self.cand_key, self.cand_id, self.cand_n = z(rows, cfg.cap), z(rows, cfg.cap, dtype=i32), z(rows, dtype=i32)
+        self.p_cnt, self.p_mass = z(n), z(n)
+        self.p_cgt, self.p_mgt = z(n, cfg.pivots), z(n, cfg.pivots)
+        self.p_hist = z(n, cfg.bins, dtype=i32)
+        self.pending = z(1, dtype=i32)
+
+    def state(self):
+        return (self.stage, self.flags, self.token, self.valid, self.raw, self.m, self.t1, self.tkey,
+                self.klo, self.khi, self.shift, self.cabove, self.mabove, self.S, self.piv)
+
+
+def block_max_cols(cols: int, cfg: KernelConfig) -> int:
+    if cfg.block_max_cols is not None:
+        return cfg.block_max_cols
+    return min(128, max(16, _pow2(math.ceil(cols / 2048))))
+
+
+def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig):
+    t, k, p, lmp, key0, key1 = params
+    rows, cols = x.shape
+    dev = x.device
+    splits = num_splits(rows, cols, dev, cfg)
+    bb = block_max_cols(cols, cfg)
+    tile = max(1, cfg.scan_cols // bb)
+    step = tile * bb
+    chunk = max(step, math.ceil(math.ceil(cols / splits) / step) * step)
+    chunk = math.ceil(chunk / cfg.block) * cfg.block if chunk % cfg.block else chunk
+    nblk = math.ceil(cols / bb)
+    ws = Workspace(rows, splits, nblk, cfg, dev)
+    nw = cfg.num_warps
+    scan_kernel[(rows, splits)](x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
+                                ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.bmax, nblk,
+                                NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, num_warps=nw)
+    select_kernel[(rows,)](t, k, p, lmp, cols, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
+                           ws.bmax, nblk, ws.stage, ws.token, ws.valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
+                           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
+                           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
+                           EXACT_EXP=exact_exp, num_warps=nw)
+    if hints.any_filter:
+        scale = float(2.0 ** shift)
+        for it in range(MAX_ROUNDS):
+            round_kernel[(rows, splits)](x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
+                                         ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
+                                         ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
+                                         ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist,
+                                         NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
+                                         NB=cfg.bins, EXACT_EXP=exact_exp, num_warps=nw)
+            ws.pending.zero_()
+            finish_kernel[(rows,)](cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(),
+                                   ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
+                                   ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
+                                   NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
+                                   EXACT_EXP=exact_exp, num_warps=nw)
+            if not hints.any_top_k_or_p or int(ws.pending.item()) == 0:
+                break
+        else:
+            raise RuntimeError("sample_rows: exact search did not settle (bug)")
+    return ws.token + col_offset, ws.valid.bool()

@@ -1,0 +1,126 @@
+"""Streaming passes after the scan of `sample_rows`; what each row does is its stage.
+
+round_kernel, grid (rows, splits), one read of the row split, by stage:
+- COLLECT: append every eligible entry whose key lies in the window [klo, khi] to the row's
+  candidate list (key, column) through an atomic counter (order does not matter: the finish
+  sorts); with NEED_S also sum the masses of all eligible entries (top-p's S).
+- HIST: over eligible entries inside the window only (blocks without one skip all work):
+  their count and mass, count and mass strictly above each pivot key, and a count histogram
+  of (key - klo) >> shift, which places the next pivots.
+- DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column.
+Eligible means l > -inf and key >= tkey. Keys are `order_key(l)`, so key order is value order.
+"""
+import triton
+import triton.language as tl
+
+from .rng_triton import gumbel
+from .sample_state import COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, load_x, mass, order_key, pair_max
+
+
+
+
+@triton.jit
+def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scale, one,
+             cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, EXACT_EXP: tl.constexpr):
+    s_part = tl.zeros((), tl.int64)
+    for s in range(start, end, BLOCK):
+        cols = s + tl.arange(0, BLOCK)
+        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        key = order_key(l).to(tl.int64)
+        elig = (l > NEG_INF) & (key >= tkey)
+        sel = elig & (key >= klo) & (key <= khi)
+        nsel = tl.sum(sel.to(tl.int32), axis=0)
+        if nsel > 0:
+            base = tl.atomic_add(cand_n + row, nsel)
+            pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
+            ok = sel & (pos < CAP)
+            tl.store(cand_key + row.to(tl.int64) * CAP + pos, key, mask=ok)
+            tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+        if need_s:
+            s_part += tl.sum(tl.where(elig, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+    return s_part
+
+
+@triton.jit
+def _hist(x_ptr, row_off, t, start, end, tkey, klo, khi, shift, piv, m, scale, one, with_mass,
+          P: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, EXACT_EXP: tl.constexpr):
+    cnt = tl.zeros((), tl.int64)
+    msum = tl.zeros((), tl.int64)
+    cgt = tl.zeros((P,), tl.int64)
+    mgt = tl.zeros((P,), tl.int64)
+    hist = tl.zeros((NB,), tl.int32)
+    for s in range(start, end, BLOCK):
+        cols = s + tl.arange(0, BLOCK)
+        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        key = order_key(l).to(tl.int64)
+        win = (l > NEG_INF) & (key >= tkey) & (key >= klo) & (key <= khi)
+        if tl.sum(win.to(tl.int32), axis=0) > 0:
+            e = tl.zeros((BLOCK,), tl.int64)
+            if with_mass:
+                e = tl.where(win, mass(l, m, scale, one, EXACT_EXP), 0)
+            cnt += tl.sum(win.to(tl.int64), axis=0)
+            msum += tl.sum(e, axis=0)
+            gt = win[:, None] & (key[:, None] > piv[None, :])
+            cgt += tl.sum(gt.to(tl.int64), axis=0)
+            mgt += tl.sum(tl.where(gt, e[:, None], 0), axis=0)
+            b = tl.minimum((key - klo) >> shift, NB - 1).to(tl.int32)
+            # masked lanes land in bin 0 and are taken out again (no `mask=`: Triton 3.6 safe)
+            nout = BLOCK - tl.sum(win.to(tl.int32), axis=0)
+            hist += tl.histogram(tl.where(win, b, 0), NB) - tl.where(tl.arange(0, NB) == 0, nout, 0)
+    return cnt, msum, cgt, mgt, hist
+
+
+@triton.jit
+def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.constexpr):
+    best_v = tl.full((), NEG_INF, tl.float32)
+    best_i = tl.full((), BIG_ID32, tl.int32)
+    for s in range(start, end, BLOCK):
+        cols = s + tl.arange(0, BLOCK)
+        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        kept = (l > NEG_INF) & (order_key(l).to(tl.int64) >= tkey)
+        if tl.sum(kept.to(tl.int32), axis=0) > 0:
+            score = tl.where(kept, l + gumbel(k0, k1, cols + col_offset), NEG_INF)
+            v, i = argmax_pair(score, cols)
+            best_v, best_i = pair_max(best_v, best_i, v, i)
+    return best_v, best_i
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                 st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
+                 cand_key, cand_id, cand_n,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                 NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+    row = tl.program_id(0)
+    stage = tl.load(st_stage + row)
+    if stage != 0:
+        part = row * NSPLIT + tl.program_id(1)
+        start, end = chunk_bounds(ncols, CHUNK)
+        row_off = row.to(tl.int64) * stride
+        t = tl.load(t_ptr + row)
+        tkey = tl.load(st_tkey + row)
+        flags = tl.load(st_flags + row)
+        m = tl.load(st_m + row)
+        if stage == COLLECT:
+            s_part = _collect(x_ptr, row_off, t, start, end, row, tkey, tl.load(st_klo + row),
+                              tl.load(st_khi + row), (flags & NEED_S) != 0, m, scale, one,
+                              cand_key, cand_id, cand_n, CAP, BLOCK, EXACT_EXP)
+            tl.store(p_mass + part, s_part)
+        elif stage == DRAW:
+            k0 = tl.load(key0_ptr + row).to(tl.uint32)
+            k1 = tl.load(key1_ptr + row).to(tl.uint32)
+            v, i = _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK)
+            tl.store(p_best_v + part, v)
+            tl.store(p_best_i + part, i)
+        elif stage == HIST:
+            piv = tl.load(st_piv + row * P + tl.arange(0, P))
+            cnt, msum, cgt, mgt, hist = _hist(x_ptr, row_off, t, start, end, tkey, tl.load(st_klo + row),
+                                              tl.load(st_khi + row), tl.load(st_shift + row), piv, m,
+                                              scale, one, (flags & PHASE_TOPP) != 0, P, NB, BLOCK, EXACT_EXP)
+            tl.store(p_cnt + part, cnt)
+            tl.store(p_mass + part, msum)
+            tl.store(p_cgt + part * P + tl.arange(0, P), cgt)
+            tl.store(p_mgt + part * P + tl.arange(0, P), mgt)
+            tl.store(p_hist + part * NB + tl.arange(0, NB), hist)

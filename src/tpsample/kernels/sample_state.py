@@ -1,0 +1,63 @@
+"""Per-row state of the `sample_rows` pipeline: stages, flags, and how an exact search starts.
+
+A row moves through stages, each one streaming pass (round_kernel) plus one per-row step
+(finish_kernel), until DONE:
+- COLLECT: the candidates {eligible, klo <= key <= khi} are gathered; with FAST the window holds
+  every token that can be kept, so the finish resolves top-k, top-p and the draw from them.
+- HIST: the general exact search. The target threshold (top-k's k-th largest key, or top-p's
+  smallest key kappa* with float64(mass of keys > kappa*) < p * S) lies in the key window
+  [klo, khi]; count and mass strictly above khi are carried exactly (cabove, mabove). Each pass
+  measures the exact count and mass above P pivot keys, which shrinks the window to the span
+  between two pivots, and a histogram of the window that places the next pivots at count
+  quantiles. Once the window holds <= CAP entries it is collected and resolved exactly.
+- DRAW: the masked Gumbel argmax over {key >= tkey}.
+All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
+of the definition no matter how the search went.
+"""
+import triton
+import triton.language as tl
+
+from .tlutil import KEY_NEG_INF, order_key
+
+GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+DONE, COLLECT, DRAW, HIST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+NEED_S, PHASE_TOPP, FAST, FIRST = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
+
+
+@triton.jit
+def window_shift(klo, khi, NB: tl.constexpr):
+    """Smallest shift with (khi - klo) >> shift < NB."""
+    shift = tl.zeros((), tl.int64)
+    while ((khi - klo) >> shift) >= NB:
+        shift += 1
+    return shift
+
+
+@triton.jit
+def start_search(row, topp_phase, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift,
+                 st_cabove, st_mabove, st_piv, P: tl.constexpr, NB: tl.constexpr):
+    """Set up HIST (returned; the caller stores the stage): window [tkey, key(m)] over entries
+    with key >= tkey, first pivots at m - d for d in nats (0.5 ... 14.5), a prior for where
+    top-k / top-p thresholds usually sit."""
+    klo = tkey.to(tl.int64)
+    khi = order_key(m).to(tl.int64)
+    j = tl.arange(0, P).to(tl.float32)
+    d = 0.5 + 0.25 * j * (j + 1.0)      # 0.5, 1, 2, 3.5, 5.5, 8, 11, 14.5 for P = 8
+    piv = order_key(m - d).to(tl.int64)
+    piv = tl.minimum(tl.maximum(piv, klo), khi)
+    flags = tl.where(topp_phase, PHASE_TOPP | FIRST, 0)
+    tl.store(st_flags + row, flags.to(tl.int32))
+    tl.store(st_tkey + row, klo)
+    tl.store(st_klo + row, klo)
+    tl.store(st_khi + row, khi)
+    tl.store(st_shift + row, window_shift(klo, khi, NB).to(tl.int32))
+    tl.store(st_cabove + row, tl.zeros((), tl.int64))
+    tl.store(st_mabove + row, tl.zeros((), tl.int64))
+    tl.store(st_piv + row * P + tl.arange(0, P), piv)
+    return tl.full((), HIST, tl.int32)
+
+
+@triton.jit
+def eligible_key(t1):
+    """Smallest key an entry needs: key(t1), and above key(-inf) always (-inf is never kept)."""
+    return tl.maximum(order_key(t1).to(tl.int64), KEY_NEG_INF + 1)

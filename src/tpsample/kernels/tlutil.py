@@ -1,0 +1,118 @@
+"""Small Triton device helpers shared by the kernels: row transform, keys, masses, argmax pairs.
+
+Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter runs them), except
+`fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
+that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
+faster `ex2.approx`, within a few ulps.
+"""
+import triton
+import triton.language as tl
+
+try:  # libdevice's functions are stubs the interpreter cannot run; only used when EXACT_EXP
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - very old Triton
+    libdevice = None
+
+NEG_INF = tl.constexpr(float("-inf"))
+KEY_NEG_INF = tl.constexpr(0x007FFFFF)     # order_key(-inf)
+BIG_ID32 = tl.constexpr(0x7FFFFFFF)        # a local column id larger than any real one (ties -> lowest id)
+
+
+@triton.jit
+def load_x(x_ptr, row_off, cols, mask):
+    """Columns `cols` of a row upcast to fp32, NaN -> -inf (masked lanes: -inf)."""
+    x = tl.load(x_ptr + row_off + cols, mask=mask, other=NEG_INF).to(tl.float32)
+    return tl.where(x == x, x, NEG_INF)
+
+
+@triton.jit
+def div_t(x, t):
+    """l = x / T with IEEE round-to-nearest division (the plain `/` is approximate on GPU)."""
+    return tl.div_rn(x, tl.zeros_like(x) + t)
+
+
+@triton.jit
+def order_key(l):
+    """uint32 key, larger float -> larger key; -0.0 keyed as +0.0 (callers exclude NaN)."""
+    l = tl.where(l == 0.0, 0.0, l)
+    bits = l.to(tl.uint32, bitcast=True)
+    return tl.where((bits >> 31) == 0, bits ^ 0x80000000, ~bits)
+
+
+@triton.jit
+def key_to_float(key):
+    """Inverse of `order_key` for an int64 or uint32 key."""
+    k = key.to(tl.uint32)
+    bits = tl.where((k >> 31) == 1, k ^ 0x80000000, ~k)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fexp(x, EXACT_EXP: tl.constexpr):
+    if EXACT_EXP:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def mass(l, m, scale, one, EXACT_EXP: tl.constexpr):
+    """e = trunc(exp(l - m) * 2**shift) as int64, exp(0) taken as 1 (`one` = 2**shift,
+    `scale` = the same as fp32); 0 for l = -inf. Callers mask dropped entries."""
+    ex = fexp(tl.where(l > NEG_INF, l - m, NEG_INF), EXACT_EXP)
+    e = tl.where(l == m, one, (ex * scale).to(tl.int64))
+    return tl.where(l > NEG_INF, e, 0)
+
+
+@triton.jit
+def pair_max(v1, i1, v2, i2):
+    """Combine for (value, id) pairs: larger value, ties -> lower id."""
+    take2 = (v2 > v1) | ((v2 == v1) & (i2 < i1))
+    return tl.where(take2, v2, v1), tl.where(take2, i2, i1)
+
+
+@triton.jit
+def argmax_pair(v, ids):
+    """(max, lowest id attaining it) of a 1-D or 2-D block (NaN-free; ids int32).
+
+    Two plain reductions rather than one tuple reduce: as fast on GPU, and the interpreter
+    runs plain reductions in numpy instead of calling a combine function per element."""
+    if len(v.shape) == 2:
+        mx = tl.max(tl.max(v, axis=1), axis=0)
+        return mx, tl.min(tl.min(tl.where(v == mx, ids, BIG_ID32), axis=1), axis=0)
+    else:
+        mx = tl.max(v, axis=0)
+        return mx, tl.min(tl.where(v == mx, ids, BIG_ID32), axis=0)
+
+
+@triton.jit
+def chunk_bounds(ncols, CHUNK: tl.constexpr):
+    """Columns [start, end) of this program's split of the row (program_id(1))."""
+    start = tl.program_id(1) * CHUNK
+    return start, tl.minimum(start + CHUNK, ncols)
+
+
+@triton.jit
+def max_key_with_count(keys, valid, k):
+    """Largest key kappa with #(valid keys >= kappa) >= k, by bisection over [0, 2**32)
+    (keys int64; the caller ensures at least k valid keys)."""
+    lo = tl.zeros((), tl.int64)
+    hi = tl.full((), 1 << 32, tl.int64)
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        ok = tl.sum((valid & (keys >= mid)).to(tl.int32), axis=0) >= k
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return lo
+
+
+@triton.jit
+def min_key_mass_below(keys, e, base, target, lo, hi):
+    """Smallest kappa in (lo, hi] with float64(base + sum(e where keys > kappa)) < target, by
+    bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums)."""
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        ok = (base + tl.sum(tl.where(keys > mid, e, 0), axis=0)).to(tl.float64) < target
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return hi

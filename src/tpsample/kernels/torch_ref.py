@@ -1,0 +1,174 @@
+"""Slow, obviously correct torch reference of every kernel in `tpsample.kernels.dispatch`.
+
+Same inputs, same outputs, same semantics (see the contract at the top of dispatch.py); rows are
+processed one at a time with sorts, so it is simple rather than fast. Tests compare the Triton
+kernels (under `TRITON_INTERPRET=1` on CPU, or on a GPU) against it token for token.
+Must not import Triton.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from tpsample.sampling.rng import gumbel_from_bits, uniform_bits
+
+NEG_INF = float("-inf")
+
+
+def mass_shift(vocab_size_global: int) -> int:
+    """Fixed-point bits of a mass e_i: a sum of V masses <= 1 fits in int64 (= filters.mass_shift)."""
+    return 62 - max(1, math.ceil(math.log2(max(vocab_size_global, 1))))
+
+
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving uint32 key of fp32 (as int64); -0.0 is keyed as +0.0 (they compare equal)."""
+    x = torch.where(x == 0, torch.zeros_like(x), x.float())
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits ^ 0x80000000)
+
+
+def key_to_float(key: torch.Tensor) -> torch.Tensor:
+    bits = torch.where(key >= 0x80000000, key ^ 0x80000000, (~key) & 0xFFFFFFFF)
+    bits = torch.where(bits >= 0x80000000, bits - (1 << 32), bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def transform(x: torch.Tensor, temperature: Optional[torch.Tensor] = None,
+              threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 row transform: x / T (rows with T == 0 or no T: x), NaN -> -inf, l < threshold -> -inf."""
+    l = x.float()
+    if temperature is not None:
+        t = temperature.to(l.device).float()
+        l = l / torch.where(t == 0, torch.ones_like(t), t).unsqueeze(1)
+    l = torch.where(torch.isnan(l), torch.full_like(l, NEG_INF), l)
+    if threshold is not None:
+        l = torch.where(l < threshold.to(l.device).float().unsqueeze(1), torch.full_like(l, NEG_INF), l)
+    return l
+
+
+def first_argmax(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, first index of it) along the last dim; v must hold no NaN."""
+    i = torch.argmax(v, dim=-1)
+    return v.gather(-1, i.unsqueeze(-1)).squeeze(-1), i
+
+
+def masses(l: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Tensor:
+    """e = trunc(exp(l - m) * 2**shift) as int64 (exp(0) taken as exactly 1), rows of l."""
+    d = l - m.unsqueeze(-1)
+    e = torch.where(l == m.unsqueeze(-1), torch.ones_like(d), torch.exp(d))
+    return (e * float(2**shift)).to(torch.int64)
+
+
+def _kth_largest(l: torch.Tensor, k: int) -> float:
+    if k <= 0 or k > l.numel():
+        return NEG_INF
+    return float(torch.sort(l, descending=True).values[k - 1])
+
+
+def _top_p_threshold(l: torch.Tensor, kept: torch.Tensor, p: float, shift: int) -> float:
+    """v*: the smallest kept value whose strictly-larger kept mass is < p * S (exact ints)."""
+    vals = l[kept]
+    m = vals.max()
+    e = masses(vals, m, shift)
+    target = float(torch.tensor(p, dtype=torch.float32).double()) * float(e.sum())
+    v, order = torch.sort(vals, descending=True)
+    e = e[order]
+    excl = torch.cumsum(e, 0) - e
+    ok = excl.double() < target
+    return float(v[int(ok.nonzero().max())])
+
+
+def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
+    """(local column, valid) of one row: the semantics of dispatch.sample_rows."""
+    raw = transform(x_row.unsqueeze(0))[0]
+    raw_v, raw_i = first_argmax(raw)
+    if t == 0:
+        return int(raw_i), bool(raw_v > NEG_INF)
+    l = transform(x_row.unsqueeze(0), torch.tensor([t], dtype=torch.float32))[0]
+    m = l.max()
+    thr = NEG_INF
+    if lmp != NEG_INF:
+        thr = float(m + torch.tensor(lmp, dtype=torch.float32))
+    thr = max(thr, _kth_largest(l, k))
+    kept = (l >= thr) & (l > NEG_INF)
+    if p < 1 and bool(kept.any()) and bool(torch.isfinite(m)):
+        thr = max(thr, _top_p_threshold(l, kept, p, shift))
+        kept = (l >= thr) & (l > NEG_INF)
+    if not bool(kept.any()):
+        return int(raw_i), False
+    ids = torch.arange(l.numel(), dtype=torch.int64, device=l.device) + col_offset
+    g = gumbel_from_bits(uniform_bits(torch.tensor([key0]), torch.tensor([key1]), ids.cpu()))[0]
+    score = torch.where(kept, l + g.to(l.device), torch.full_like(l, NEG_INF))
+    return int(first_argmax(score)[1]), True
+
+
+def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset=0,
+                vocab_size_global=None):
+    """Reference of dispatch.sample_rows: (global token ids [R] int64, valid [R] bool), on x's device."""
+    shift = mass_shift(vocab_size_global or x.shape[1])
+    toks, valid = [], []
+    for r in range(x.shape[0]):
+        tok, ok = sample_row(x[r], float(temperature[r]), int(top_k[r]), float(top_p[r]),
+                             float(log_min_p[r]), int(key0[r]), int(key1[r]), col_offset, shift)
+        toks.append(tok + col_offset)
+        valid.append(ok)
+    return (torch.tensor(toks, dtype=torch.int64, device=x.device),
+            torch.tensor(valid, dtype=torch.bool, device=x.device))
+
+
+def logprob_stats(x, *, temperature=None, threshold=None, n=0, col_offset=0):
+    """Reference of dispatch.logprob_stats: (max, lse, top_vals [R, n], top_ids [R, n])."""
+    l = transform(x, temperature, threshold)
+    m = l.max(dim=1).values
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    se = torch.exp((l - m_safe.unsqueeze(1)).double()).sum(dim=1)
+    lse = (m_safe.double() + torch.log(se)).float()
+    rows, cols = l.shape
+    top_v = torch.full((rows, n), NEG_INF, device=x.device)
+    top_i = torch.full((rows, n), -1, dtype=torch.int64, device=x.device)
+    c = min(n, cols)
+    if c:
+        v, i = torch.sort(l, dim=1, descending=True, stable=True)   # stable: ties keep lower id first
+        top_v[:, :c], top_i[:, :c] = v[:, :c], i[:, :c] + col_offset
+    return m, lse, top_v, top_i
+
+
+def count_greater(x, values, *, temperature=None, threshold=None):
+    """Reference of dispatch.count_greater: [R] int64 count of transformed entries > values."""
+    l = transform(x, temperature, threshold)
+    return (l > values.to(l.device).float().unsqueeze(1)).sum(dim=1)
+
+
+def shard_mass(x, temperature, m, thr, vocab_size_global):
+    """Sum of e_i over kept entries (l >= thr, l > -inf) of the shard, e relative to the global m."""
+    l = transform(x, temperature)
+    kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
+    e = masses(l, m.float(), mass_shift(vocab_size_global))
+    return torch.where(kept, e, torch.zeros_like(e)).sum(dim=1)
+
+
+def shard_digit_histogram(x, temperature, m, thr, prefix, level, vocab_size_global):
+    """(mass [R, 256], count [R, 256]) int64 over kept entries whose key matches prefix's top bits."""
+    l = transform(x, temperature)
+    kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
+    key = order_key(l)
+    low = 24 - 8 * level
+    inside = kept & ((key >> (low + 8)) == (prefix.to(torch.int64) >> (low + 8)).unsqueeze(1))
+    digit = (key >> low) & 0xFF
+    e = masses(l, m.float(), mass_shift(vocab_size_global)) * inside
+    hm = torch.zeros((x.shape[0], 256), dtype=torch.int64, device=x.device)
+    hc = torch.zeros_like(hm)
+    return hm.scatter_add_(1, digit, e), hc.scatter_add_(1, digit, inside.to(torch.int64))
+
+
+def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset=0):
+    """(max over kept of l + g, its global id; -inf and col_offset when nothing is kept)."""
+    l = transform(x, temperature)
+    kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
+    ids = torch.arange(x.shape[1], dtype=torch.int64) + col_offset
+    g = gumbel_from_bits(uniform_bits(key0.cpu(), key1.cpu(), ids)).to(l.device)
+    score = torch.where(kept, l + g, torch.full_like(l, NEG_INF))
+    v, i = first_argmax(score)
+    return v, i + col_offset

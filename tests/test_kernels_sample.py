@@ -1,0 +1,138 @@
+"""`kernels.dispatch.sample_rows` gives exactly the tokens of the torch reference.
+
+Small shapes under TRITON_INTERPRET=1 on CPU (compiled kernels when CUDA is present). Each batch
+mixes row configurations; KernelConfig variants force the candidate path, the exact search
+(tiny CAP), several programs per row and several blocks per program.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from tpsample.kernels import torch_ref  # noqa: E402
+from tpsample.kernels.dispatch import KernelConfig, sample_rows  # noqa: E402
+from tpsample.sampling import rng  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy's inf - inf in masked lanes
+NEG_INF = float("-inf")
+# (temperature, top_k, top_p, min_p)
+GREEDY = (0.0, 0, 1.0, 0.0)
+TEMPERATURE = (0.8, 0, 1.0, 0.0)
+CONFIGS = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (0.8, 5, 1.0, 0.0), (0.8, 50, 0.9, 0.0), (0.8, 0, 0.9, 0.0),
+           (0.8, 0, 1.0, 0.05), (1.3, 0, 0.3, 0.0), (0.7, 150, 1.0, 0.0), (1.0, 3, 0.5, 0.2), (2.0, 0, 0.99, 0.0),
+           (0.5, 1, 1.0, 0.0), (1.0, 299, 1.0, 0.0), (1.0, 400, 0.95, 0.0), (0.9, 200, 0.9, 0.01), (1.0, 0, 0.0001, 0.0)]
+DEFAULT = KernelConfig()
+SEARCH = KernelConfig(cap=8, small=4, splits=2, block=64, scan_cols=64)          # exact search path
+SPLIT = KernelConfig(cap=16, small=8, splits=4, block=32, scan_cols=32, pivots=4, bins=16)
+
+
+def params(rows):
+    t = torch.tensor([r[0] for r in rows], dtype=torch.float32)
+    k = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+    p = torch.tensor([r[2] for r in rows], dtype=torch.float32)
+    lmp = torch.log(torch.tensor([r[3] for r in rows], dtype=torch.float32))
+    return t, k, p, lmp
+
+
+def row_keys(n, seed):
+    return rng.row_keys(torch.arange(n, dtype=torch.int64) * 7919 + seed, torch.arange(n, dtype=torch.int64) + 11,
+                        rng.SALT_DRAW)
+
+
+def logits(kind: str, rows: int, cols: int, gen) -> torch.Tensor:
+    if kind == "randn":
+        return torch.randn(rows, cols, generator=gen) * 3
+    if kind == "zipf":      # a peaked row: log of a Zipf law over a random permutation
+        ranks = torch.stack([torch.randperm(cols, generator=gen) for _ in range(rows)]) + 1
+        return -1.1 * torch.log(ranks.float()) + 0.01 * torch.randn(rows, cols, generator=gen)
+    if kind == "ties":
+        return (torch.randn(rows, cols, generator=gen) * 2).round() / 2
+    raise ValueError(kind)
+
+
+def check(x, rows, cfg=DEFAULT, seed=0, col_offset=0):
+    t, k, p, lmp = params(rows)
+    k0, k1 = row_keys(len(rows), seed)
+    got = sample_rows(x.to(DEV), t.to(DEV), k.to(DEV), p.to(DEV), lmp.to(DEV), k0.to(DEV), k1.to(DEV),
+                      col_offset=col_offset, cfg=cfg)
+    want = torch_ref.sample_rows(x, t, k, p, lmp, k0, k1, col_offset=col_offset)
+    assert got[0].cpu().tolist() == want[0].tolist(), (rows, got, want)
+    assert got[1].cpu().tolist() == want[1].tolist(), (rows, got, want)
+
+
+@pytest.mark.parametrize("kind,cfg", [("randn", DEFAULT), ("randn", SEARCH), ("randn", SPLIT), ("zipf", DEFAULT),
+                                      ("zipf", SEARCH), ("ties", DEFAULT), ("ties", SEARCH)])
+def test_mixed_batches_match_reference_token_for_token(kind, cfg):
+    gen = torch.Generator().manual_seed(hash((kind, cfg.cap)) % 1000)
+    for seed in range(2):
+        rows = [CONFIGS[int(i)] for i in torch.randint(0, len(CONFIGS), (6,), generator=gen)]
+        check(logits(kind, 6, 300, gen), rows, cfg, seed)
+
+
+@pytest.mark.parametrize("config", CONFIGS[:8], ids=lambda c: "T{}_k{}_p{}_minp{}".format(*c))
+def test_each_configuration_alone(config):
+    gen = torch.Generator().manual_seed(1)
+    check(logits("randn", 4, 257, gen), [config] * 4, SEARCH if config[1] or config[2] < 1 else DEFAULT)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_upcast_per_block(dtype):
+    gen = torch.Generator().manual_seed(2)
+    x = logits("randn", 6, 300, gen).to(dtype)
+    rows = [GREEDY, TEMPERATURE, (0.8, 50, 0.9, 0.0), (0.8, 0, 0.9, 0.0), (0.8, 0, 1.0, 0.05), (1.0, 20, 1.0, 0.0)]
+    check(x, rows)
+    check(x, rows, SEARCH)
+
+
+def test_nan_and_infinite_rows_are_guarded():
+    gen = torch.Generator().manual_seed(3)
+    x = logits("randn", 6, 200, gen)
+    x[0, ::3] = float("nan")                  # NaN counts as -inf
+    x[1] = NEG_INF                            # nothing finite: token 0, flagged
+    x[2] = float("nan")
+    x[3, :150] = NEG_INF                      # few finite entries, fewer than top_k
+    x[4, 17] = float("inf")                   # +inf wins when kept
+    x[5, 5:] = NEG_INF
+    for config in [GREEDY, TEMPERATURE, (0.8, 60, 0.9, 0.0), (0.8, 0, 0.9, 0.1), (1.0, 3, 1.0, 0.0)]:
+        check(x, [config] * 6)
+        check(x, [config] * 6, SEARCH)
+
+
+def test_ties_go_to_the_lowest_id():
+    x = torch.zeros(3, 64)
+    x[:, 10] = x[:, 40] = 5.0
+    check(x, [GREEDY, (1.0, 2, 1.0, 0.0), (1.0, 0, 0.5, 0.0)])
+    x = torch.full((2, 64), 1.0)
+    check(x, [(1.0, 7, 1.0, 0.0), (1.0, 0, 0.3, 0.0)], SEARCH)
+
+
+def test_strided_rows_and_column_offset():
+    gen = torch.Generator().manual_seed(4)
+    big = logits("randn", 4, 400, gen)
+    x = big[:, 50:330]                        # row stride 400, unaligned start
+    rows = [TEMPERATURE, (0.8, 50, 0.9, 0.0), GREEDY, (0.8, 0, 1.0, 0.05)]
+    check(x, rows, col_offset=1000)
+    check(x, rows, SPLIT, col_offset=77)
+
+
+def test_single_row_with_many_programs():
+    gen = torch.Generator().manual_seed(5)
+    x = logits("zipf", 1, 1000, gen)
+    for config in [TEMPERATURE, (0.8, 50, 0.9, 0.0), (0.8, 0, 0.95, 0.0)]:
+        check(x, [config], KernelConfig(splits=8, block=32, scan_cols=32, cap=16, small=8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_full_size_batch_matches_reference_on_gpu():
+    gen = torch.Generator().manual_seed(6)
+    x = logits("randn", 32, 151_936, gen)
+    rows = [CONFIGS[i % len(CONFIGS)] for i in range(32)]
+    check(x, rows)
+    assert math.isfinite(float(x[0, 0]))
