@@ -42,7 +42,7 @@ class RowBatch:
     positions: torch.Tensor      # [n] int64
     temperature: torch.Tensor    # [n] fp32 (0 = greedy)
     top_k: torch.Tensor          # [n] int64 (0 = off)
-    top_p: torch.Tensor          # [n] fp64 (1 = off)
+    top_p: torch.Tensor          # [n] fp32 (1 = off); thresholds use float64(float32(p)), as the kernels
     min_p: torch.Tensor          # [n] fp32 (0 = off)
     rep: torch.Tensor            # [n] fp32
     freq: torch.Tensor           # [n] fp32
@@ -118,7 +118,7 @@ def build_row_batch(specs: list[RowSpec], vocab_size: int, eos_token_id: Optiona
         _penalty_pairs(i, p, st, s.history_extra, seen, outc)
     f32, i64 = torch.float32, torch.int64
     top_k = torch.tensor(cols["k"], dtype=i64)
-    top_p = torch.tensor(cols["p"], dtype=torch.float64)
+    top_p = torch.tensor(cols["p"], dtype=torch.float32)
     min_p = torch.tensor(cols["minp"], dtype=f32)
     temp = torch.tensor(cols["t"], dtype=f32)
     lp = torch.tensor(cols["lp"], dtype=i64)

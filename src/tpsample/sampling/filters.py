@@ -116,8 +116,10 @@ def masses(l: torch.Tensor, thr: torch.Tensor, m: torch.Tensor, shift: int) -> t
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving map of fp32 to [0, 2**32) as int64 (larger float -> larger key)."""
-    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    """Order-preserving map of fp32 to [0, 2**32) as int64 (larger float -> larger key).
+
+    -0.0 is keyed as +0.0 (x + 0.0 maps it there), so key order is exactly value order."""
+    bits = (x + 0.0).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     neg = bits >= 0x80000000
     return torch.where(neg, (~bits) & 0xFFFFFFFF, bits ^ 0x80000000)
 

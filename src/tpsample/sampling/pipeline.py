@@ -21,6 +21,7 @@ import torch
 from . import processors as P
 from .batch import RowBatch
 from .draw import guard_tokens, local_argmax, local_gumbel_draw
+from .fastpath import try_fast_path
 from .filters import NEG_INF, ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
 from .topp import top_p_threshold
 from .logprobs import row_logprobs
@@ -47,6 +48,9 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
                 bitmask: Optional[torch.Tensor] = None,
                 draft_probs: Optional[torch.Tensor] = None, meter=None,
                 inplace: bool = False) -> RowResult:
+    fast = try_fast_path(x, col_start, b, red, bitmask, draft_probs, inplace, meter)
+    if fast is not None:
+        return fast
     dev = x.device
     copy = not (inplace and x.dtype == torch.float32)
     l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row

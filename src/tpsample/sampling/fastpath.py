@@ -1,0 +1,72 @@
+"""The fused Triton path for full rows on CUDA (DESIGN.md section 3, "Kernels").
+
+`try_fast_path` returns a `RowResult` when the rows are whole on this rank (LocalRows), live on a
+CUDA device with Triton, and need neither draft verification nor logprobs; otherwise None and the
+caller runs the torch pipeline. Steps 2-5 (sparse processors) still run in torch on an fp32 copy
+when a row uses them; steps 6-10 and the guard run in the kernels, which read the logits once
+per pass, upcast per block, and allocate only O(rows x bins) workspace. The kernels implement the
+same thresholds and noise, so tokens equal the torch pipeline's (tested on the GPU).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import processors as P
+from .batch import RowBatch
+from .filters import NEG_INF, row_chunks
+from .reducer import LocalRows
+from .rng import SALT_DRAW, row_keys
+
+
+def _uses_processors(b: RowBatch, bitmask) -> bool:
+    return bitmask is not None or any(x is not None for x in (b.allowed, b.bias, b.banned, b.seen, b.out_counts))
+
+
+def _wanted(x: torch.Tensor) -> bool:
+    """CUDA tensors; CPU ones only when asked (TPSAMPLE_KERNELS_ON_CPU=1 with TRITON_INTERPRET=1,
+    which is how CI tests this path)."""
+    return x.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"
+
+
+def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
+                  inplace: bool, meter=None):
+    if not _wanted(x) or not isinstance(red, LocalRows) or draft_probs is not None:
+        return None
+    if b.logprobs_max >= 0 or bool((b.draft_tokens >= 0).any()) or x.stride(1) != 1:
+        return None
+    try:
+        from ..kernels.dispatch import kernels_available, sample_rows
+    except ImportError:
+        return None
+    if not kernels_available(x.device):
+        return None
+    from .pipeline import RowResult
+    nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)
+    for s, t in row_chunks(b.num_rows, x.shape[1], x.device):
+        nans[s:t] = torch.isnan(x[s:t]).sum(dim=1)
+    l = x
+    if _uses_processors(b, bitmask):
+        l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
+        for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
+            l[s:t].masked_fill_(torch.isnan(l[s:t]), NEG_INF)
+        if bitmask is not None:
+            P.apply_bitmask(l, bitmask, col_start)
+        P.apply_allowed(l, b.allowed, col_start)
+        P.apply_bias(l, b.bias, col_start)
+        P.apply_banned(l, b.banned, col_start)
+        P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)
+    key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
+    tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, torch.log(b.min_p), key0, key1,
+                                col_offset=col_start, vocab_size_global=b.vocab_size)
+    fallback = ~valid
+    if l is not x and bool(fallback.any()):      # the guard wants the raw row's argmax
+        rows = fallback.nonzero().squeeze(1)
+        raw = x.index_select(0, rows).float()
+        raw.masked_fill_(torch.isnan(raw), NEG_INF)
+        arg = raw.argmax(dim=1)                   # first occurrence: ties -> lowest id
+        best = raw.gather(1, arg.unsqueeze(1)).squeeze(1)
+        tokens[rows] = torch.where(best > NEG_INF, arg + col_start, torch.zeros_like(arg))
+    accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
+    return RowResult(tokens, accepted, fallback, nans)
