@@ -4,8 +4,8 @@ Every statistical test uses fixed keys (so it is deterministic) and states its l
 tests reject at alpha = 0.001, correlation tests at |r| * sqrt(n) > 3.29 (two-sided alpha = 0.001),
 the tail test at |z| >= 3 as DESIGN.md asks. Everything is vectorised over keys and token ids.
 
-The Triton twin (`tpsample.kernels`) must produce these same bits; that equality is held by the
-kernel tests (GPU / TRITON_INTERPRET), not here.
+The Triton twin (`tpsample.kernels.rng_triton`) must produce these same bits; that equality is
+held by tests/test_kernels_rng.py (GPU or TRITON_INTERPRET), not here.
 """
 from __future__ import annotations
 
