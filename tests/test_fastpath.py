@@ -13,20 +13,23 @@ from tpsample import SamplingParams as P
 V = 301
 params = [P(temperature=0), P(temperature=0.8, top_k=20, top_p=0.9, seed=1), P(min_p=0.05, seed=2),
           P(top_p=0.6, seed=3, repetition_penalty=1.4, frequency_penalty=0.5), P(seed=4, logit_bias={7: 9.0}),
-          P(seed=5, allowed_token_ids=[1, 2, 3]), P(top_k=3, seed=6, bad_words_token_ids=[[5]])]
-s = tpsample.Sampler(V, seed=1)
+          P(seed=5, allowed_token_ids=[1, 2, 3]), P(top_k=3, seed=6, bad_words_token_ids=[[5]]),
+          P(top_p=0.8, seed=7, logprobs=2), P(temperature=0.5, seed=8)]
+s = tpsample.Sampler(V, seed=1, max_num_logits_per_req=3)
 for i, p in enumerate(params):
     s.add_request(str(i), p, [1, 2, 3])
 out = []
 g = torch.Generator().manual_seed(0)
 for step in range(3):
-    plan = s.plan([str(i) for i in range(len(params))])
+    drafts = [[]] * (len(params) - 1) + [[4, 9]]           # the last request verifies drafts
+    plan = s.plan([str(i) for i in range(len(params))], draft_token_ids=drafts)
     x = torch.randn(plan.num_rows, V, generator=g) * 3
     x[1, 5] = float("nan")
     if step == 2:
         x[2] = float("-inf")
     o = s.sample(x.to(torch.bfloat16).float() if step == 1 else x, plan)
-    out.append([o.sampled_token_ids[:, 0].tolist(), o.num_nans.tolist(), o.num_fallback.tolist()])
+    out.append([o.sampled_token_ids.tolist(), o.num_nans.tolist(), o.num_fallback.tolist(),
+                o.logprobs.token_ids.tolist(), [round(v, 5) for v in o.logprobs.logprobs[:, 0].tolist()]])
 print("RESULT" + json.dumps(out))
 """
 

@@ -14,6 +14,7 @@ import torch
 
 from ..sampling.batch import RowSpec, build_row_batch
 from ..sampling.output import assemble
+from ..sampling.fastpath import sample_rows_split
 from ..sampling.pipeline import sample_rows
 from ..sampling.state import RequestState
 from .collectives import Collectives
@@ -70,9 +71,12 @@ def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: St
                     draft_probs: Optional[torch.Tensor], inplace: bool = False):
     """(block [len(req_indices), max_rows + 4] int64, logprobs tuple or None) for these requests."""
     specs = row_specs(plan, ctx.requests, req_indices)
-    b = build_row_batch(specs, ctx.vocab_size, ctx.eos_token_id)
-    res = sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter,
-                      inplace=inplace)
+    res = sample_rows_split(x, col_start, specs, ctx.vocab_size, ctx.eos_token_id, red, bitmask,
+                            draft_probs, ctx.meter, inplace)
+    if res is None:
+        b = build_row_batch(specs, ctx.vocab_size, ctx.eos_token_id)
+        res = sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter,
+                          inplace=inplace)
     rows_per_req = [plan.rows_per_req[i] for i in req_indices]
     block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, rows_per_req, plan.max_rows)
     lp = None

@@ -31,10 +31,14 @@ def _wanted(x: torch.Tensor) -> bool:
 
 
 def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
-                  inplace: bool, meter=None):
-    if not _wanted(x) or not isinstance(red, LocalRows) or draft_probs is not None:
+                  inplace: bool, meter=None, force: bool = False):
+    """force: sample every row as a plain draw, even rows with drafts or logprobs (the caller
+    replaces those rows' results)."""
+    if not _wanted(x) or not isinstance(red, LocalRows) or (draft_probs is not None and not force):
         return None
-    if b.logprobs_max >= 0 or bool((b.draft_tokens >= 0).any()) or x.stride(1) != 1:
+    if not force and (b.logprobs_max >= 0 or bool((b.draft_tokens >= 0).any())):
+        return None
+    if x.stride(1) != 1:
         return None
     try:
         from ..kernels.dispatch import kernels_available, sample_rows
@@ -70,3 +74,43 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
         tokens[rows] = torch.where(best > NEG_INF, arg + col_start, torch.zeros_like(arg))
     accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
     return RowResult(tokens, accepted, fallback, nans)
+
+
+def sample_rows_split(x: torch.Tensor, col_start: int, specs: list, vocab_size: int, eos, red, bitmask,
+                      draft_probs, meter, inplace: bool):
+    """All rows through the kernels, then the rows that verify drafts or want logprobs through the
+    torch pipeline (on a copy of just those rows). None when the kernels do not apply."""
+    from .batch import build_row_batch
+    from .pipeline import sample_rows
+    if not _wanted(x) or not isinstance(red, LocalRows):
+        return None
+    slow = [i for i, s in enumerate(specs)
+            if s.draft_token >= 0 or s.request.params.logprobs is not None]
+    b = build_row_batch(specs, vocab_size, eos)
+    res_slow = None
+    if slow:   # before the kernels, which may reuse x in place
+        idx = torch.tensor(slow, dtype=torch.int64, device=x.device)
+        b_slow = build_row_batch([specs[i] for i in slow], vocab_size, eos)
+        res_slow = sample_rows(x.index_select(0, idx), col_start, b_slow, red,
+                               None if bitmask is None else bitmask[idx.cpu()],
+                               None if draft_probs is None else draft_probs.index_select(0, idx),
+                               meter, inplace=True)
+    res = try_fast_path(x, col_start, b, red, bitmask, draft_probs, inplace, meter, force=True)
+    if res is None:
+        return None
+    if res_slow is not None:
+        _merge(res, res_slow, idx, b.logprobs_max)
+    return res
+
+
+def _merge(res, part, idx, width_n: int) -> None:
+    res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted
+    res.fallback[idx], res.num_nans[idx] = part.fallback, part.num_nans
+    if part.lp_ids is not None:
+        n_rows, w = res.emitted.shape[0], 1 + width_n
+        dev = res.emitted.device
+        res.lp_ids = torch.full((n_rows, w), -1, dtype=torch.int64, device=dev)
+        res.lp_vals = torch.full((n_rows, w), NEG_INF, device=dev)
+        res.lp_ranks = torch.zeros(n_rows, dtype=torch.int64, device=dev)
+        pw = part.lp_ids.shape[1]
+        res.lp_ids[idx, :pw], res.lp_vals[idx, :pw], res.lp_ranks[idx] = part.lp_ids, part.lp_vals, part.lp_ranks
