@@ -114,11 +114,77 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     if x.stride(1) != 1:
         raise ValueError("x must have unit column stride")
     dev = x.device
-    params = (temperature.to(dev, torch.float32), top_k.to(dev, torch.int32), top_p.to(dev, torch.float32),
-              log_min_p.to(dev, torch.float32), key0.to(dev, torch.int64), key1.to(dev, torch.int64))
+    params = tuple(v.to(dev, dt).contiguous() for v, dt in (
+        (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32), (log_min_p, torch.float32),
+        (key0, torch.int64), (key1, torch.int64)))
     if hints is None:
         hints = hints_from_params(params[0], params[1], params[2], params[3], cols)
     if exact_exp is None:
         exact_exp = dev.type == "cuda" and not interpreting()
     shift = mass_shift(vocab_size_global or cols)
     return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg)
+
+
+def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,
+                  cfg: KernelConfig = KernelConfig()):
+    """Per-row (max [R] fp32, lse [R] fp32, top_vals [R, n] fp32, top_ids [R, n] int64 global)
+    of the transform l = fp32(x) (/ T for rows with T != 0 when `temperature` is given; entries
+    < `threshold` [R] -> -inf when given, the processed kept-set row; NaN -> -inf).
+    lse sums exp(l - max) in fp32 per block and fp64 across (error ~1e-6); +-inf max -> lse = max.
+    top-n: value desc, ties -> lower id; (-inf, -1) pads rows shorter than n."""
+    from .stats_launch import launch_stats
+    mx, _, lse, tv, ti, _ = launch_stats(x, temperature, threshold, None, n, True, col_offset, cfg)
+    return mx, lse, tv, ti
+
+
+def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = KernelConfig()):
+    """[R] int64: entries of the same transform as logprob_stats strictly greater than values [R]
+    (rank of a sampled token = 1 + count_greater(x, its value))."""
+    from .stats_launch import launch_stats
+    return launch_stats(x, temperature, threshold, values, 0, False, 0, cfg)[5]
+
+
+def row_argmax(x, *, temperature=None, threshold=None, col_offset: int = 0, cfg: KernelConfig = KernelConfig()):
+    """(max [R] fp32, global id of its first occurrence [R] int64) of the same transform: the
+    greedy token, the guard's raw argmax, and the local max of l for vocab-parallel shards."""
+    from .stats_launch import launch_stats
+    mx, arg, *_ = launch_stats(x, temperature, threshold, None, 0, False, col_offset, cfg)
+    return mx, arg
+
+
+# Partial statistics for the vocab-parallel strategy. x is this rank's shard [R, V_r] whose column
+# j is global id col_offset + j; l = fp32(x) / T (rows with T == 0, or temperature None: fp32(x));
+# kept = l >= thr and l > -inf (thr [R] fp32, -inf for none). Combine across ranks as noted.
+
+def shard_mass(x, temperature, m, thr, vocab_size_global: int, *, exact_exp: Optional[bool] = None,
+               cfg: KernelConfig = KernelConfig()):
+    """[R] int64: sum over kept local entries of e = trunc(exp(l - m) * 2**shift) (exp(0) = 1),
+    m [R] the global max of l. Ranks combine by sum (exact: integers)."""
+    from .stats_launch import launch_shard
+    return launch_shard("mass", x, temperature, m=m, thr=thr, shift=mass_shift(vocab_size_global),
+                        exact_exp=_exact(x, exact_exp), cfg=cfg)
+
+
+def shard_digit_histogram(x, temperature, m, thr, prefix, level: int, vocab_size_global: int, *,
+                          with_mass: bool = True, exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig()):
+    """(mass [R, 256] int64, count [R, 256] int64): the kept local entries whose order key matches
+    prefix [R] (int64 key bits) above bit low + 8, binned by digit (key >> low) & 255, with
+    low = 24 - 8 * level (level 0..3). One level of the exact radix search for v* (masses) or the
+    k-th largest value (counts; with_mass=False skips the exps). Ranks combine by sum.
+    Keys are order_key with -0.0 keyed as +0.0 (see the contract above)."""
+    from .stats_launch import launch_shard
+    return launch_shard("digits", x, temperature, m=m, thr=thr, prefix=prefix, level=level,
+                        shift=mass_shift(vocab_size_global), with_mass=with_mass, exact_exp=_exact(x, exact_exp),
+                        cfg=cfg)
+
+
+def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0, cfg: KernelConfig = KernelConfig()):
+    """(value [R] fp32, global id [R] int64): argmax over kept local entries of fp32(l + g(key0,
+    key1, global id)), ties -> lowest id; (-inf, col_offset) when nothing is kept. Ranks combine
+    by the largest value, ties -> lowest global id."""
+    from .stats_launch import launch_shard
+    return launch_shard("gumbel", x, temperature, thr=thr, key0=key0, key1=key1, col_offset=col_offset, cfg=cfg)
+
+
+def _exact(x, exact_exp: Optional[bool]) -> bool:
+    return (x.device.type == "cuda" and not interpreting()) if exact_exp is None else exact_exp

@@ -1,0 +1,86 @@
+"""Host side of the row statistics (stats.py) and of the vocab-parallel partials (shard.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .dispatch import KernelConfig, _pow2, num_splits
+
+
+def split_shape(x, cfg: KernelConfig):
+    rows, cols = x.shape
+    splits = num_splits(rows, cols, x.device, cfg)
+    chunk = max(cfg.block, math.ceil(math.ceil(cols / splits) / cfg.block) * cfg.block)
+    return rows, cols, splits, chunk
+
+
+def _f32(v, rows, dev):
+    return v.to(dev, torch.float32).contiguous() if v is not None else torch.zeros(rows, dtype=torch.float32, device=dev)
+
+
+def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offset: int, cfg: KernelConfig):
+    """(max [R], argmax global id [R], lse [R] | None, top_v [R, n], top_i [R, n], count [R] | None)."""
+    from .stats import combine_kernel, stats_kernel
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    rows, cols, splits, chunk = split_shape(x, cfg)
+    dev = x.device
+    np_ = _pow2(n)
+    parts = rows * splits
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    p_max, p_arg = torch.empty(parts, dtype=f32, device=dev), torch.empty(parts, dtype=i32, device=dev)
+    p_sm, p_ss = torch.empty(parts, dtype=f32, device=dev), torch.empty(parts, dtype=f32, device=dev)
+    p_tv = torch.empty(parts * np_, dtype=f32, device=dev)
+    p_ti = torch.empty(parts * np_, dtype=i32, device=dev)
+    p_cnt = torch.empty(parts, dtype=i64, device=dev)
+    t, thr, val = _f32(temperature, rows, dev), _f32(threshold, rows, dev), _f32(values, rows, dev)
+    stats_kernel[(rows, splits)](x, x.stride(0), cols, t, thr, val, n, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt,
+                                 NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, HAS_T=temperature is not None,
+                                 HAS_THR=threshold is not None, LSE=lse, NP=np_, TOP=n > 0,
+                                 CNT=values is not None, num_warps=cfg.num_warps)
+    out_max, out_arg = torch.empty(rows, dtype=f32, device=dev), torch.empty(rows, dtype=i64, device=dev)
+    out_lse = torch.empty(rows, dtype=f32, device=dev)
+    out_v = torch.empty((rows, n), dtype=f32, device=dev)
+    out_i = torch.empty((rows, n), dtype=i64, device=dev)
+    out_cnt = torch.empty(rows, dtype=i64, device=dev)
+    combine_kernel[(rows,)](n, col_offset, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, out_max, out_arg, out_lse,
+                            out_v, out_i, out_cnt, NSPLIT=splits, LSE=lse, NP=np_, TOP=n > 0,
+                            CNT=values is not None, num_warps=4)
+    return (out_max, out_arg, out_lse if lse else None, out_v, out_i, out_cnt if values is not None else None)
+
+
+def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, level: int = 0, shift: int = 62,
+                 with_mass: bool = True, key0=None, key1=None, col_offset: int = 0, exact_exp: bool = False,
+                 cfg: KernelConfig = KernelConfig()):
+    """One vocab-parallel partial over the shard x (see shard.py); the splits are combined here."""
+    from .shard import digit_kernel, gumbel_kernel, mass_kernel
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    rows, cols, splits, chunk = split_shape(x, cfg)
+    dev = x.device
+    t = _f32(temperature, rows, dev)
+    thr = _f32(thr, rows, dev)
+    common = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, HAS_T=temperature is not None, num_warps=cfg.num_warps)
+    grid = (rows, splits)
+    if kind == "mass":
+        out = torch.empty(rows * splits, dtype=torch.int64, device=dev)
+        mass_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, float(2.0**shift), 1 << shift, out,
+                          EXACT_EXP=exact_exp, **common)
+        return out.view(rows, splits).sum(dim=1)
+    if kind == "digits":
+        hc = torch.empty(rows * splits * 256, dtype=torch.int64, device=dev)
+        hm = torch.zeros_like(hc)
+        pre = prefix.to(dev, torch.int64).contiguous()
+        digit_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, pre, 24 - 8 * level, float(2.0**shift),
+                           1 << shift, hc, hm, WITH_MASS=with_mass, EXACT_EXP=exact_exp, **dict(common, BLOCK=64))
+        return hm.view(rows, splits, 256).sum(dim=1), hc.view(rows, splits, 256).sum(dim=1)
+    v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
+    i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
+    gumbel_kernel[grid](x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),
+                        key1.to(dev, torch.int64).contiguous(), col_offset,
+                        v, i, **common)
+    v, i = v.view(rows, splits), i.view(rows, splits).to(torch.int64)
+    best = v.max(dim=1).values
+    ids = torch.where(v == best.unsqueeze(1), i, torch.full_like(i, 2**62)).min(dim=1).values
+    return best, ids + col_offset

@@ -1,0 +1,94 @@
+"""Logprob statistics and the vocab-parallel partials of `kernels.dispatch` match the reference.
+
+Counts, ids, histograms of counts and Gumbel winners are exact. Masses are exact on CUDA; under
+TRITON_INTERPRET=1 numpy's fp32 exp may differ from torch's in the last ulp, so each mass may be
+off by 2**(shift - 23) there.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from tpsample.kernels import dispatch, torch_ref  # noqa: E402
+from tpsample.kernels.dispatch import KernelConfig  # noqa: E402
+from tpsample.sampling import rng  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+V_GLOBAL = 151_936
+SPLIT = KernelConfig(splits=4, block=32)
+
+
+def rows(gen, r=5, v=300):
+    x = torch.randn(r, v, generator=gen) * 3
+    x[1] = (x[1] * 2).round() / 2                       # ties
+    x[2, ::2] = float("nan")
+    x[2, 5], x[2, 7] = -0.0, 0.0
+    x[3] = float("-inf")
+    x[4, 7] = float("inf")
+    return x
+
+
+def d(t):
+    return None if t is None else t.to(DEV)
+
+
+def mass_tol(count):
+    return 0 if DEV == "cuda" else int(count) * 2 ** (torch_ref.mass_shift(V_GLOBAL) - 23)
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(), SPLIT], ids=["one", "split"])
+@pytest.mark.parametrize("transform", ["raw", "temperature", "processed"])
+def test_logprob_stats_and_counts_match_reference(cfg, transform):
+    gen = torch.Generator().manual_seed(0)
+    x = rows(gen)
+    t = torch.tensor([0.7, 0.0, 1.3, 1.0, 1.0]) if transform != "raw" else None
+    thr = torch.tensor([1.0, -1.0, 0.0, 0.0, 2.0]) if transform == "processed" else None
+    got = dispatch.logprob_stats(x.to(DEV), temperature=d(t), threshold=d(thr), n=5, col_offset=3, cfg=cfg)
+    want = torch_ref.logprob_stats(x, temperature=t, threshold=thr, n=5, col_offset=3)
+    assert torch.equal(got[0].cpu(), want[0])
+    assert torch.allclose(got[1].cpu(), want[1], atol=1e-5, rtol=1e-6, equal_nan=True)
+    assert torch.equal(got[2].cpu(), want[2]) and torch.equal(got[3].cpu(), want[3])
+    values = want[2][:, 2]
+    count = dispatch.count_greater(x.to(DEV), values.to(DEV), temperature=d(t), threshold=d(thr), cfg=cfg)
+    assert torch.equal(count.cpu(), torch_ref.count_greater(x, values, temperature=t, threshold=thr))
+    mx, arg = dispatch.row_argmax(x.to(DEV), temperature=d(t), threshold=d(thr), col_offset=3, cfg=cfg)
+    assert torch.equal(mx.cpu(), want[0]) and torch.equal(arg.cpu(), want[3][:, 0])
+
+
+def test_top_n_longer_than_the_row_pads_with_minus_one():
+    x = torch.tensor([[1.0, 3.0, 2.0], [0.0, 0.0, float("-inf")]])
+    _, _, v, i = dispatch.logprob_stats(x.to(DEV), n=4)
+    assert i.cpu().tolist() == [[1, 2, 0, -1], [0, 1, 2, -1]]
+    assert v.cpu()[0, :3].tolist() == [3.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(), SPLIT], ids=["one", "split"])
+def test_shard_partials_match_reference(cfg):
+    gen = torch.Generator().manual_seed(1)
+    x = rows(gen)[:4]                          # no +inf: m must be the max
+    t = torch.tensor([0.7, 0.0, 1.3, 1.0])
+    l = torch_ref.transform(x, t)
+    m = torch.where(torch.isfinite(l.max(1).values), l.max(1).values, torch.zeros(4)) + 0.5   # a "global" max
+    thr = torch.tensor([1.0, float("-inf"), 0.0, 2.0])
+    got = dispatch.shard_mass(x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV), V_GLOBAL, cfg=cfg).cpu()
+    want = torch_ref.shard_mass(x, t, m, thr, V_GLOBAL)
+    assert bool(((got - want).abs() <= mass_tol(x.shape[1])).all())
+    prefix = torch.zeros(4, dtype=torch.int64)
+    for level in range(4):                      # walk down the fullest bin, as a radix search does
+        hm, hc = dispatch.shard_digit_histogram(x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV), prefix.to(DEV), level,
+                                                V_GLOBAL, cfg=cfg)
+        rm, rc = torch_ref.shard_digit_histogram(x, t, m, thr, prefix, level, V_GLOBAL)
+        assert torch.equal(hc.cpu(), rc)
+        assert bool(((hm.cpu() - rm).abs() <= mass_tol(x.shape[1])).all())
+        prefix = prefix | (rc.argmax(1) << (24 - 8 * level))
+    k0, k1 = rng.row_keys(torch.arange(4), torch.arange(4) + 9, rng.SALT_DRAW)
+    gv, gi = dispatch.shard_gumbel_argmax(x.to(DEV), t.to(DEV), thr.to(DEV), k0.to(DEV), k1.to(DEV), col_offset=5,
+                                          cfg=cfg)
+    wv, wi = torch_ref.shard_gumbel_argmax(x, t, thr, k0, k1, col_offset=5)
+    assert torch.equal(gi.cpu(), wi)
+    assert torch.allclose(gv.cpu(), wv, rtol=1e-6)
