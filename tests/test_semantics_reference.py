@@ -322,6 +322,7 @@ def test_positive_inf_logits_give_the_lowest_inf_id_in_range():
         plan = sampler.plan(ids)
         out = sampler.sample(x, plan)
         assert out.sampled_token_ids[:, 0].tolist() == [7] * len(ids)
+        assert out.num_fallback.tolist() == [1] * len(ids)     # +inf is no finite kept token
 
 
 def test_greedy_ties_go_to_the_lowest_id():

@@ -30,7 +30,8 @@ from .parallel.vocab_parallel import VocabParallel
 from .sampling.output import SamplerOutput
 from .sampling.params import SamplingParams
 from .sampling.state import SlotTable, derive_seed
-from .validation import check_draft_probs, check_drafts, check_bitmask, check_logits, check_prompt
+from .validation import (check_bitmask, check_draft_probs, check_drafts, check_logits, check_prompt,
+                         check_req_ids, is_token)
 
 STRATEGIES = {s.name: s for s in (Replicated(), BatchSharded(), VocabParallel())}
 STRATEGY_NAMES = ("auto", *STRATEGIES)
@@ -62,7 +63,9 @@ class Sampler:
             raise ValueError(f"max_num_logits_per_req must be an integer >= 1, got {max_num_logits_per_req!r}")
         if not isinstance(max_logprobs, int) or max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
-        if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
+        if not isinstance(max_num_reqs, int) or isinstance(max_num_reqs, bool) or max_num_reqs < 1:
+            raise ValueError(f"max_num_reqs must be an integer >= 1, got {max_num_reqs!r}")
+        if eos_token_id is not None and not is_token(eos_token_id, vocab_size):
             raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {eos_token_id}")
         self.vocab_size = vocab_size
         self.max_num_logits_per_req = max_num_logits_per_req
@@ -102,9 +105,7 @@ class Sampler:
 
     def plan(self, req_ids: list[str], *, draft_token_ids=None, grammar_bitmask=None,
              strategy: Optional[str] = None) -> SamplingPlan:
-        req_ids = list(req_ids)
-        if len(set(req_ids)) != len(req_ids):
-            raise ValueError("req_ids must be unique within a step")
+        req_ids = check_req_ids(req_ids)
         states = [self.slots.get(r) for r in req_ids]
         drafts = check_drafts(draft_token_ids, len(req_ids), self.vocab_size, self.max_num_logits_per_req)
         num_rows = sum(1 + len(d) for d in drafts)

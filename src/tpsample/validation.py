@@ -4,10 +4,22 @@ from __future__ import annotations
 import torch
 
 
+def is_token(t, vocab_size: int) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+
+
+def check_req_ids(req_ids) -> list[str]:
+    if isinstance(req_ids, (str, bytes)) or not isinstance(req_ids, (list, tuple)):
+        raise ValueError(f"req_ids must be a list of request ids, got {type(req_ids).__name__}")
+    if len(set(req_ids)) != len(req_ids):
+        raise ValueError("req_ids must be unique within a step")
+    return list(req_ids)
+
+
 def check_prompt(prompt, vocab_size: int) -> None:
     if not isinstance(prompt, (list, tuple)):
         raise ValueError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
-    bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
+    bad = [t for t in prompt if not is_token(t, vocab_size)]
     if bad:
         raise ValueError(f"prompt_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
 
@@ -15,6 +27,8 @@ def check_prompt(prompt, vocab_size: int) -> None:
 def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int) -> list[list[int]]:
     if drafts is None:
         return [[] for _ in range(num_reqs)]
+    if not isinstance(drafts, (list, tuple)) or not all(isinstance(d, (list, tuple)) for d in drafts):
+        raise ValueError("draft_token_ids must be a list with one list of token ids per request")
     drafts = [list(d) for d in drafts]
     if len(drafts) != num_reqs:
         raise ValueError(f"draft_token_ids must have one list per request ({num_reqs}), got {len(drafts)}")
@@ -22,7 +36,7 @@ def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int
         if len(d) > max_logits_per_req - 1:
             raise ValueError(f"draft_token_ids: at most max_num_logits_per_req - 1 = {max_logits_per_req - 1} "
                              f"drafts per request, got {len(d)}")
-        bad = [t for t in d if not isinstance(t, int) or not 0 <= t < vocab_size]
+        bad = [t for t in d if not is_token(t, vocab_size)]
         if bad:
             raise ValueError(f"draft_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
     return drafts

@@ -65,6 +65,9 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
     tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, torch.log(b.min_p), key0, key1,
                                 col_offset=col_start, vocab_size_global=b.vocab_size)
     fallback = ~valid
+    # a winner at +inf is no finite kept token either: flag it (its token, the lowest +inf id, is
+    # already the raw argmax)
+    fallback |= l.gather(1, (tokens - col_start).clamp(0, l.shape[1] - 1).unsqueeze(1)).squeeze(1) == float("inf")
     if l is not x and bool(fallback.any()):      # the guard wants the raw row's argmax
         rows = fallback.nonzero().squeeze(1)
         raw = x.index_select(0, rows).float()

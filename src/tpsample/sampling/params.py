@@ -61,12 +61,13 @@ class SamplingParams:
                "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
         _check(_is_number(self.presence_penalty) and abs(self.presence_penalty) <= 2,
                "presence_penalty", "in [-2, 2]", self.presence_penalty)
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
                "an integer >= 0", self.min_tokens)
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
                "an integer >= 1", self.max_tokens)
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+        _check(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
                "logprobs", "None or an integer >= 0", self.logprobs)
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
         _check(self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"one of {LOGPROBS_MODES}",
                self.logprobs_mode)
         self._validate_lists()
@@ -119,6 +120,10 @@ class SamplingParams:
         if self.logprobs is not None:
             _check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}",
                    self.logprobs)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_token(t) -> bool:

@@ -82,7 +82,7 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     num_nans = num_nans.to(torch.int64)
     is_greedy = b.greedy.to(dev)
     main_v = torch.where(is_greedy, greedy_v, drawn_v)
-    fallback = main_v == NEG_INF                                          # 12
+    fallback = ~torch.isfinite(main_v)                                    # 12: nothing finite kept
     main = torch.where(fallback, guard_tokens(raw_max, raw_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
     emitted, accepted = main, torch.zeros_like(fallback)
     if bool((b.draft_tokens >= 0).any()):

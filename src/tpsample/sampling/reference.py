@@ -136,7 +136,7 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         z = [v + g[i] if v > NEG else NEG for i, v in enumerate(proc)]
         tok = argmax_first(z)
         best = z[tok] if tok >= 0 else NEG
-    fallback = best == NEG
+    fallback = not math.isfinite(best)
     if fallback:
         tok = argmax_first(raw)
         tok = 0 if tok < 0 else tok
