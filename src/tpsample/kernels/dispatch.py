@@ -104,9 +104,10 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
                 vocab_size_global: Optional[int] = None, hints: Optional[RowHints] = None,
-                exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig()):
+                exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig(), nans_out=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
-    valid [R] bool: False where the guard chose the token)."""
+    valid [R] bool: False where the guard chose the token). nans_out: optional [R] int64 tensor
+    that receives each row's NaN count (counted in the first pass, no extra read of x)."""
     from .sample_launch import launch_sample
     rows, cols = x.shape
     if rows == 0:
@@ -122,7 +123,7 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     if exact_exp is None:
         exact_exp = dev.type == "cuda" and not interpreting()
     shift = mass_shift(vocab_size_global or cols)
-    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg)
+    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out)
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,

@@ -28,7 +28,7 @@ class Workspace:
         n = rows * splits
         self.raw_v, self.raw_i, self.max = z(n, dtype=f32), z(n, dtype=i32), z(n, dtype=f32)
         self.best_v, self.best_i = z(n, dtype=f32), z(n, dtype=i32)
-        self.se_m, self.se_s = z(n, dtype=f32), z(n, dtype=f32)
+        self.se_m, self.se_s, self.nans = z(n, dtype=f32), z(n, dtype=f32), z(n, dtype=i32)
         self.bmax = z(rows, nblk, dtype=f32)
         self.stage, self.flags, self.token, self.valid = z(rows, dtype=i32), z(rows, dtype=i32), z(rows), z(rows, dtype=i32)
         self.raw, self.m, self.t1 = z(rows, dtype=i32), z(rows, dtype=f32), z(rows, dtype=f32)
@@ -52,7 +52,8 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
     return min(128, max(16, _pow2(math.ceil(cols / 2048))))
 
 
-def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig):
+def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
+                  nans_out=None):
     t, k, p, lmp, key0, key1 = params
     rows, cols = x.shape
     dev = x.device
@@ -66,8 +67,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     ws = Workspace(rows, splits, nblk, cfg, dev)
     nw = cfg.num_warps
     scan_kernel[(rows, splits)](x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
-                                ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.bmax, nblk,
-                                NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, num_warps=nw)
+                                ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
+                                nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, num_warps=nw)
     select_kernel[(rows,)](t, k, p, lmp, cols, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
                            ws.bmax, nblk, ws.stage, ws.token, ws.valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
                            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
@@ -92,4 +93,6 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                 break
         else:
             raise RuntimeError("sample_rows: exact search did not settle (bug)")
+    if nans_out is not None:
+        nans_out.copy_(ws.nans.view(rows, splits).sum(dim=1))
     return ws.token + col_offset, ws.valid.bool()

@@ -1,7 +1,7 @@
 """Pass 1 of `sample_rows` (the scan) and the per-row step that plans the rest (select).
 
 scan_kernel, grid (rows, splits): one streaming read of each row split. Always: the raw argmax of
-x (NaN as -inf). Greedy rows: nothing else. Plain rows (temperature only): the whole draw, the
+x (NaN as -inf). Also the NaN count of x. Greedy rows: nothing else. Plain rows (temperature only): the whole draw, the
 Gumbel argmax of l = x / T. Filter rows: max(l); block maxima of l (blocks of BB columns) when
 top-k or top-p is on; an online sum of exp(l - max) when top-p is on without top-k.
 
@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .rng_triton import gumbel
 from .sample_state import COLLECT, DONE, DRAW, FAST, FILTER, GREEDY, NEED_S, PLAIN, eligible_key, start_search
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, fexp, key_to_float, load_x, \
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, fexp, key_to_float, \
     max_key_with_count, order_key, pair_max
 
 
@@ -32,10 +32,18 @@ def row_flags(t, k, p, lmp, ncols):
     return mode, topk, topp, minp
 
 
+@triton.jit
+def _load_count_nans(x_ptr, row_off, cols, mask):
+    """(x upcast with NaN -> -inf, number of NaNs) for a block."""
+    x = tl.load(x_ptr + row_off + cols, mask=mask, other=NEG_INF).to(tl.float32)
+    nan = x != x
+    return tl.where(nan, NEG_INF, x), tl.sum(tl.sum(nan.to(tl.int32), axis=1), axis=0)
+
+
 @triton.jit(do_not_specialize=["col_offset"])
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
-                raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
-                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
+                raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, nan_ptr, bmax_ptr,
+                nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
                 EXACT_EXP: tl.constexpr):
     row = tl.program_id(0)
     part = row * NSPLIT + tl.program_id(1)
@@ -53,10 +61,12 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     mx = tl.full((), NEG_INF, tl.float32)
     se_m = tl.full((), NEG_INF, tl.float32)
     se_s = tl.full((), 0.0, tl.float32)
+    nans = tl.zeros((), tl.int32)
     if mode == GREEDY:
         for s in range(start, end, TILE * BB):
             cols = s + offs
-            x = load_x(x_ptr, row_off, cols, cols < end)
+            x, nn = _load_count_nans(x_ptr, row_off, cols, cols < end)
+            nans += nn
             v, i = argmax_pair(x, cols)
             raw_v, raw_i = pair_max(raw_v, raw_i, v, i)
     elif mode == PLAIN:
@@ -64,7 +74,8 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
         for s in range(start, end, TILE * BB):
             cols = s + offs
-            x = load_x(x_ptr, row_off, cols, cols < end)
+            x, nn = _load_count_nans(x_ptr, row_off, cols, cols < end)
+            nans += nn
             v, i = argmax_pair(x, cols)
             raw_v, raw_i = pair_max(raw_v, raw_i, v, i)
             l = div_t(x, t)
@@ -75,7 +86,8 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         need_se = topp & ~topk
         for s in range(start, end, TILE * BB):
             cols = s + offs
-            x = load_x(x_ptr, row_off, cols, cols < end)
+            x, nn = _load_count_nans(x_ptr, row_off, cols, cols < end)
+            nans += nn
             v, i = argmax_pair(x, cols)
             raw_v, raw_i = pair_max(raw_v, raw_i, v, i)
             l = div_t(x, t)
@@ -97,6 +109,7 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     tl.store(best_i_ptr + part, best_i)
     tl.store(se_m_ptr + part, se_m)
     tl.store(se_s_ptr + part, se_s)
+    tl.store(nan_ptr + part, nans)
 
 
 @triton.jit

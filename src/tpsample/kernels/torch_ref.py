@@ -98,9 +98,10 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
         kept = (l >= thr) & (l > NEG_INF)
     if not bool(kept.any()):
         return int(raw_i), False
-    ids = torch.arange(l.numel(), dtype=torch.int64, device=l.device) + col_offset
-    g = gumbel_from_bits(uniform_bits(torch.tensor([key0]), torch.tensor([key1]), ids.cpu()))[0]
-    score = torch.where(kept, l + g.to(l.device), torch.full_like(l, NEG_INF))
+    dev = l.device
+    ids = torch.arange(l.numel(), dtype=torch.int64, device=dev) + col_offset
+    g = gumbel_from_bits(uniform_bits(torch.tensor([key0], device=dev), torch.tensor([key1], device=dev), ids))[0]
+    score = torch.where(kept, l + g, torch.full_like(l, NEG_INF))
     return int(first_argmax(score)[1]), True
 
 
@@ -167,8 +168,8 @@ def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset=0):
     """(max over kept of l + g, its global id; -inf and col_offset when nothing is kept)."""
     l = transform(x, temperature)
     kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
-    ids = torch.arange(x.shape[1], dtype=torch.int64) + col_offset
-    g = gumbel_from_bits(uniform_bits(key0.cpu(), key1.cpu(), ids)).to(l.device)
+    ids = torch.arange(x.shape[1], dtype=torch.int64, device=l.device) + col_offset
+    g = gumbel_from_bits(uniform_bits(key0.to(l.device), key1.to(l.device), ids))
     score = torch.where(kept, l + g, torch.full_like(l, NEG_INF))
     v, i = first_argmax(score)
     return v, i + col_offset

@@ -1,0 +1,184 @@
+"""`tpsample bench kernels`: the fused Triton kernels against torch and FlashInfer.
+
+Matrix: rows x vocab x dtype x logit shape (randn x 3; a peaked Zipf-like row) x configuration
+(greedy; temperature; top-k 50 + top-p 0.9; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
+median of CUDA-event timings after warm-up, the extra peak memory (allocator peak minus the
+baseline with the inputs allocated), and GB/s of one read of the logits against a device copy
+bandwidth measured in the same run. Anchors in the same run: plain torch argmax (greedy), a
+torch sort-based top-k/top-p sampler (the usual engine path), and FlashInfer's
+`top_k_top_p_sampling_from_logits` when importable. Prints a table, then one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+
+CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
+    "greedy": (0.0, 0, 1.0, 0.0, 0),
+    "temperature": (0.8, 0, 1.0, 0.0, 0),
+    "topk50_topp0.9": (0.8, 50, 0.9, 0.0, 0),
+    "topp0.9": (0.8, 0, 0.9, 0.0, 0),
+    "minp0.05": (0.8, 0, 1.0, 0.05, 0),
+    "logprobs5": (0.8, 0, 1.0, 0.0, 5),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def add_bench_kernels_args(p) -> None:
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 256, 1024])
+    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936])
+    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--shapes", nargs="+", default=["randn", "zipf"], choices=["randn", "zipf"])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="rows 1 and 256, vocab 151936, fp32 only")
+    p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_logits(shape: str, rows: int, vocab: int, dtype, device) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(rows * 7 + vocab)
+    if shape == "randn":
+        return (torch.randn(rows, vocab, generator=gen, device=device) * 3).to(dtype)
+    ranks = torch.argsort(torch.rand(rows, vocab, generator=gen, device=device), dim=1).float() + 1
+    return (-1.1 * torch.log(ranks) + 8.0).to(dtype)
+
+
+def params(config: str, rows: int, device):
+    t, k, p, mp, _ = CONFIGS[config]
+    f = torch.full
+    return (f((rows,), t, device=device), f((rows,), k, dtype=torch.int32, device=device),
+            f((rows,), p, device=device), f((rows,), float(torch.log(torch.tensor(mp))), device=device))
+
+
+def torch_sort_sample(x, t, k, p):
+    """The common engine path: sort, mask top-k and top-p on the sorted row, softmax, draw."""
+    l = x.float() / t.unsqueeze(1)
+    srt, idx = torch.sort(l, dim=1, descending=False)
+    kk = (l.shape[1] - k.long()).clamp(0, l.shape[1] - 1).unsqueeze(1)
+    srt = srt.masked_fill(srt < srt.gather(1, kk), float("-inf"))
+    probs = srt.softmax(dim=1)
+    cum = probs.cumsum(dim=1)
+    srt = srt.masked_fill(cum <= (1 - p).unsqueeze(1), float("-inf"))
+    srt[:, -1] = srt[:, -1].clamp(min=-1e30)
+    l = torch.empty_like(srt).scatter_(1, idx, srt)
+    q = torch.empty_like(l).exponential_()
+    return (l.softmax(dim=1) / q).argmax(dim=1)
+
+
+def time_cuda(fn, iters: int, warmup: int, device):
+    """(median ms, extra peak MiB) of fn() on the current CUDA stream."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    return statistics.median(times), peak
+
+
+def copy_bandwidth(device) -> float:
+    """GB/s of a device-to-device copy of 1 GiB (bytes read + written)."""
+    src = torch.empty(2**28, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms, _ = time_cuda(lambda: dst.copy_(src), 10, 2, device)
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def ours(config, x, t, k, p, lmp, key0, key1):
+    from ..kernels import dispatch
+    if CONFIGS[config][4]:
+        return lambda: dispatch.logprob_stats(x, temperature=t, n=CONFIGS[config][4])
+    hints = dispatch.hints_from_params(t, k, p, lmp, x.shape[1])
+    return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints)
+
+
+def anchors(config, x, t, k, p):
+    """name -> callable for the anchors that apply to this configuration."""
+    out = {}
+    if config == "greedy":
+        out["torch_argmax"] = lambda: x.argmax(dim=1)
+    elif config in ("topk50_topp0.9", "topp0.9", "temperature"):
+        kk = torch.where(k > 0, k, torch.full_like(k, x.shape[1]))
+        out["torch_sort"] = lambda: torch_sort_sample(x, t, kk, p)
+        try:
+            import flashinfer.sampling as fs
+            xf = x.float() / t.unsqueeze(1)
+            out["flashinfer"] = lambda: fs.top_k_top_p_sampling_from_logits(xf, kk, p)
+        except Exception:   # noqa: BLE001 - absent or incompatible: skip the anchor
+            pass
+    elif config == "logprobs5":
+        out["torch_log_softmax_topk"] = lambda: torch.log_softmax(x.float() / t.unsqueeze(1), dim=1).topk(5, dim=1)
+    return out
+
+
+def run_case(rows, vocab, dtype_name, shape, config, args, bw):
+    dev = args.device
+    x = make_logits(shape, rows, vocab, DTYPES[dtype_name], dev)
+    t, k, p, lmp = params(config, rows, dev)
+    key0 = torch.randint(0, 2**32, (rows,), dtype=torch.int64, device=dev)
+    key1 = torch.randint(0, 2**32, (rows,), dtype=torch.int64, device=dev)
+    results = []
+    impls = {"triton": ours(config, x, t, k, p, lmp, key0, key1)}
+    if not args.no_anchors:
+        impls.update(anchors(config, x, t, k, p))
+    read_gb = x.numel() * x.element_size() / 1e9
+    for name, fn in impls.items():
+        try:
+            ms, mib = time_cuda(fn, args.iters, args.warmup, dev)
+        except Exception as e:  # noqa: BLE001 - report and continue (an anchor may not support a case)
+            results.append({"impl": name, "error": repr(e)[:200]})
+            continue
+        results.append({"impl": name, "us": round(ms * 1e3, 1), "extra_mib": round(mib, 2),
+                        "gbps": round(read_gb / (ms / 1e3), 1), "frac_of_copy_bw": round(read_gb / (ms / 1e3) / bw, 3)})
+    base = {"rows": rows, "vocab": vocab, "dtype": dtype_name, "shape": shape, "config": config}
+    del x
+    return [dict(base, **r) for r in results]
+
+
+def run_bench_kernels(args) -> list:
+    if args.quick:
+        args.rows, args.vocab, args.dtypes = [1, 256], [151936], ["fp32"]
+    if torch.device(args.device).type != "cuda":
+        print(json.dumps({"error": "bench kernels needs a CUDA device"}))
+        return []
+    bw = copy_bandwidth(args.device)
+    out = []
+    for rows in args.rows:
+        for vocab in args.vocab:
+            for dt in args.dtypes:
+                for shape in args.shapes:
+                    for config in args.configs:
+                        out.extend(run_case(rows, vocab, dt, shape, config, args, bw))
+    print_table(out, bw)
+    print(json.dumps({"copy_bw_gbps": round(bw, 1), "device": torch.cuda.get_device_name(args.device), "results": out}))
+    return out
+
+
+def print_table(rows, bw) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        for r in rows:
+            print(r)
+        return
+    table = Table(title=f"tpsample kernels (copy bandwidth {bw:.0f} GB/s)")
+    for col in ("rows", "vocab", "dtype", "shape", "config", "impl", "us", "extra MiB", "GB/s", "of copy"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["rows"]), str(r["vocab"]), r["dtype"], r["shape"], r["config"], r["impl"],
+                      str(r.get("us", r.get("error", ""))), str(r.get("extra_mib", "")), str(r.get("gbps", "")),
+                      str(r.get("frac_of_copy_bw", "")))
+    Console(width=160).print(table)
