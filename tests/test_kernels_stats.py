@@ -75,20 +75,19 @@ def test_shard_partials_match_reference(cfg):
     l = torch_ref.transform(x, t)
     m = torch.where(torch.isfinite(l.max(1).values), l.max(1).values, torch.zeros(4)) + 0.5   # a "global" max
     thr = torch.tensor([1.0, float("-inf"), 0.0, 2.0])
-    got = dispatch.shard_mass(x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV), V_GLOBAL, cfg=cfg).cpu()
+    x, t, m, thr = x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV)       # the reference on the same device
+    got = dispatch.shard_mass(x, t, m, thr, V_GLOBAL, cfg=cfg)
     want = torch_ref.shard_mass(x, t, m, thr, V_GLOBAL)
     assert bool(((got - want).abs() <= mass_tol(x.shape[1])).all())
-    prefix = torch.zeros(4, dtype=torch.int64)
+    prefix = torch.zeros(4, dtype=torch.int64, device=DEV)
     for level in range(4):                      # walk down the fullest bin, as a radix search does
-        hm, hc = dispatch.shard_digit_histogram(x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV), prefix.to(DEV), level,
-                                                V_GLOBAL, cfg=cfg)
+        hm, hc = dispatch.shard_digit_histogram(x, t, m, thr, prefix, level, V_GLOBAL, cfg=cfg)
         rm, rc = torch_ref.shard_digit_histogram(x, t, m, thr, prefix, level, V_GLOBAL)
-        assert torch.equal(hc.cpu(), rc)
-        assert bool(((hm.cpu() - rm).abs() <= mass_tol(x.shape[1])).all())
+        assert torch.equal(hc, rc)
+        assert bool(((hm - rm).abs() <= mass_tol(x.shape[1])).all())
         prefix = prefix | (rc.argmax(1) << (24 - 8 * level))
     k0, k1 = rng.row_keys(torch.arange(4), torch.arange(4) + 9, rng.SALT_DRAW)
-    gv, gi = dispatch.shard_gumbel_argmax(x.to(DEV), t.to(DEV), thr.to(DEV), k0.to(DEV), k1.to(DEV), col_offset=5,
-                                          cfg=cfg)
-    wv, wi = torch_ref.shard_gumbel_argmax(x, t, thr, k0, k1, col_offset=5)
-    assert torch.equal(gi.cpu(), wi)
-    assert torch.allclose(gv.cpu(), wv, rtol=1e-6)
+    gv, gi = dispatch.shard_gumbel_argmax(x, t, thr, k0.to(DEV), k1.to(DEV), col_offset=5, cfg=cfg)
+    wv, wi = torch_ref.shard_gumbel_argmax(x, t, thr, k0.to(DEV), k1.to(DEV), col_offset=5)
+    assert torch.equal(gi, wi)
+    assert torch.allclose(gv, wv, rtol=1e-6)

@@ -56,8 +56,11 @@ def _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags,
             if (flags & NEED_S) != 0:
                 S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
             target = p.to(tl.float64) * S.to(tl.float64)
+            tl.store(st_S + row, S)           # (diagnostics: S, and the top-k threshold in klo)
+            tl.store(st_klo + row, thr)
             thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, thr - 1,
                                      tl.full((), 0xFFFFFFFF, tl.int64))
+        tl.store(st_khi + row, thr)
         kept = valid & (keys >= thr)
         ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
         k0 = tl.load(key0_ptr + row).to(tl.uint32)

@@ -4,7 +4,8 @@ Launches: scan (rows x splits), select (rows); then, only if some row filters, r
 [round_kernel (rows x splits), finish_kernel (rows)]. Rows with min-p alone finish in one round
 (no sync). Rows with top-k / top-p usually finish in one round too (the candidate path); the
 host reads one int (`pending`) after each round to know whether any row still searches.
-The workspace is O(rows x (V / BB + CAP)) and allocated per call (the caching allocator reuses it).
+The workspace is O(rows x (V / BB + CAP)) bytes, one allocation per call (the caching
+allocator reuses it).
 """
 from __future__ import annotations
 
@@ -15,31 +16,35 @@ import torch
 from .dispatch import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
-from .sample_scan import scan_kernel, select_kernel
+from .sample_scan import scan_kernel
+from .sample_select import select_kernel
 
 
 class Workspace:
-    """Per-call buffers; every field is [rows] unless noted (see sample_state.py for meanings)."""
+    """Per-call buffers carved from one allocation (one allocator call, no memsets: every field
+    is written before it is read). Fields are [rows] unless noted; see sample_state.py."""
 
     def __init__(self, rows: int, splits: int, nblk: int, cfg: KernelConfig, dev):
-        def z(*shape, dtype=torch.int64):
-            return torch.zeros(shape, dtype=dtype, device=dev)
-        f32, i32 = torch.float32, torch.int32
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
         n = rows * splits
-        self.raw_v, self.raw_i, self.max = z(n, dtype=f32), z(n, dtype=i32), z(n, dtype=f32)
-        self.best_v, self.best_i = z(n, dtype=f32), z(n, dtype=i32)
-        self.se_m, self.se_s, self.nans = z(n, dtype=f32), z(n, dtype=f32), z(n, dtype=i32)
-        self.bmax = z(rows, nblk, dtype=f32)
-        self.stage, self.flags, self.token, self.valid = z(rows, dtype=i32), z(rows, dtype=i32), z(rows), z(rows, dtype=i32)
-        self.raw, self.m, self.t1 = z(rows, dtype=i32), z(rows, dtype=f32), z(rows, dtype=f32)
-        self.tkey, self.klo, self.khi, self.shift = z(rows), z(rows), z(rows), z(rows, dtype=i32)
-        self.cabove, self.mabove, self.S = z(rows), z(rows), z(rows)
-        self.piv = z(rows, cfg.pivots)
-        self.cand_key, self.cand_id, self.cand_n = z(rows, cfg.cap), z(rows, cfg.cap, dtype=i32), z(rows, dtype=i32)
-        self.p_cnt, self.p_mass = z(n), z(n)
-        self.p_cgt, self.p_mgt = z(n, cfg.pivots), z(n, cfg.pivots)
-        self.p_hist = z(n, cfg.bins, dtype=i32)
-        self.pending = z(1, dtype=i32)
+        fields = [("raw_v", n, f32), ("raw_i", n, i32), ("max", n, f32), ("best_v", n, f32), ("best_i", n, i32),
+                  ("se_m", n, f32), ("se_s", n, f32), ("nans", n, i32), ("bmax", (rows, nblk), f32),
+                  ("stage", rows, i32), ("flags", rows, i32), ("token", rows, i64), ("valid", rows, i32),
+                  ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
+                  ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
+                  ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
+                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
+                  ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
+                  ("pending", 1, i32)]
+        sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
+        offsets, total = [], 0
+        for b in sizes:
+            offsets.append(total)
+            total += (b + 255) // 256 * 256          # 256-byte aligned views: no re-specialisation
+        self.buffer = torch.empty(total, dtype=torch.uint8, device=dev)
+        for (name, shape, dt), off, b in zip(fields, offsets, sizes):
+            setattr(self, name, self.buffer[off:off + b].view(dt).view(shape))
+        self.nbytes = total
 
     def state(self):
         return (self.stage, self.flags, self.token, self.valid, self.raw, self.m, self.t1, self.tkey,

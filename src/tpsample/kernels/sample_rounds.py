@@ -7,15 +7,18 @@ round_kernel, grid (rows, splits), one read of the row split, by stage:
 - HIST: over eligible entries inside the window only (blocks without one skip all work):
   their count and mass, count and mass strictly above each pivot key, and a count histogram
   of (key - klo) >> shift, which places the next pivots.
-- DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column.
+- DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column; the noise is
+  computed only in blocks where an entry's bound (see scan's noise_bound) reaches the best so far.
+Loads run one block ahead (software prefetch).
 Eligible means l > -inf and key >= tkey. Keys are `order_key(l)`, so key order is value order.
 """
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel
+from .rng_triton import gumbel_from_bits, uniform_bits
+from .sample_scan import fp32_nonan, noise_bound
 from .sample_state import COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, load_x, mass, order_key, pair_max
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, mass, order_key, pair_max
 
 
 
@@ -24,9 +27,13 @@ from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, load_x,
 def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scale, one,
              cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, EXACT_EXP: tl.constexpr):
     s_part = tl.zeros((), tl.int64)
+    offs = tl.arange(0, BLOCK)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        cols = s + offs
+        xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        l = div_t(fp32_nonan(xr), t)
+        xr = xr_next
         key = order_key(l).to(tl.int64)
         elig = (l > NEG_INF) & (key >= tkey)
         sel = elig & (key >= klo) & (key <= khi)
@@ -50,9 +57,13 @@ def _hist(x_ptr, row_off, t, start, end, tkey, klo, khi, shift, piv, m, scale, o
     cgt = tl.zeros((P,), tl.int64)
     mgt = tl.zeros((P,), tl.int64)
     hist = tl.zeros((NB,), tl.int32)
+    offs = tl.arange(0, BLOCK)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        cols = s + offs
+        xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        l = div_t(fp32_nonan(xr), t)
+        xr = xr_next
         key = order_key(l).to(tl.int64)
         win = (l > NEG_INF) & (key >= tkey) & (key >= klo) & (key <= khi)
         if tl.sum(win.to(tl.int32), axis=0) > 0:
@@ -75,14 +86,20 @@ def _hist(x_ptr, row_off, t, start, end, tkey, klo, khi, shift, piv, m, scale, o
 def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.constexpr):
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
+    offs = tl.arange(0, BLOCK)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        l = div_t(load_x(x_ptr, row_off, cols, cols < end), t)
+        cols = s + offs
+        xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        l = div_t(fp32_nonan(xr), t)
+        xr = xr_next
         kept = (l > NEG_INF) & (order_key(l).to(tl.int64) >= tkey)
-        if tl.sum(kept.to(tl.int32), axis=0) > 0:
-            score = tl.where(kept, l + gumbel(k0, k1, cols + col_offset), NEG_INF)
-            v, i = argmax_pair(score, cols)
-            best_v, best_i = pair_max(best_v, best_i, v, i)
+        if tl.max(kept.to(tl.int32), axis=0) > 0:
+            u = uniform_bits(k0, k1, cols + col_offset)
+            cand = kept & (noise_bound(l, u) >= best_v)      # only these can beat the best so far
+            if tl.max(cand.to(tl.int32), axis=0) > 0:
+                v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
+                best_v, best_i = pair_max(best_v, best_i, v, i)
     return best_v, best_i
 
 

@@ -28,8 +28,8 @@ NEED_S, PHASE_TOPP, FAST, FIRST = tl.constexpr(1), tl.constexpr(2), tl.constexpr
 def window_shift(klo, khi, NB: tl.constexpr):
     """Smallest shift with (khi - klo) >> shift < NB."""
     shift = tl.zeros((), tl.int64)
-    while ((khi - klo) >> shift) >= NB:
-        shift += 1
+    for _ in range(40):
+        shift = tl.where(((khi - klo) >> shift) >= NB, shift + 1, shift)
     return shift
 
 

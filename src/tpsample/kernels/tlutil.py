@@ -98,7 +98,7 @@ def max_key_with_count(keys, valid, k):
     (keys int64; the caller ensures at least k valid keys)."""
     lo = tl.zeros((), tl.int64)
     hi = tl.full((), 1 << 32, tl.int64)
-    while hi - lo > 1:
+    for _ in range(33):     # fixed count: a reduction inside a while loop raced on Triton 3.6
         mid = (lo + hi) >> 1
         ok = tl.sum((valid & (keys >= mid)).to(tl.int32), axis=0) >= k
         lo = tl.where(ok, mid, lo)
@@ -110,7 +110,7 @@ def max_key_with_count(keys, valid, k):
 def min_key_mass_below(keys, e, base, target, lo, hi):
     """Smallest kappa in (lo, hi] with float64(base + sum(e where keys > kappa)) < target, by
     bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums)."""
-    while hi - lo > 1:
+    for _ in range(33):     # (hi - lo <= 2**32 + 1; once converged, mid == lo changes nothing)
         mid = (lo + hi) >> 1
         ok = (base + tl.sum(tl.where(keys > mid, e, 0), axis=0)).to(tl.float64) < target
         hi = tl.where(ok, mid, hi)

@@ -1,0 +1,117 @@
+"""Per-row planning after the scan of `sample_rows` (select_kernel, grid (rows,)).
+
+Combines the splits, finishes greedy and plain rows, and for filter rows finds tau, a lower bound
+of the final threshold from the block maxima: the k-th largest block maximum (k blocks each hold
+a value >= it), min-p's t1, and for top-p alone the largest block maximum b whose block-maxima
+mass above b already reaches p * (an upper bound of S). Every kept token has l >= tau, so the
+next pass collects {l >= tau} as candidates (stage COLLECT); if the block maxima show that more
+than CAP tokens pass tau, the row takes the exact search instead (stage HIST). Rows with min-p
+alone go straight to the masked draw (DRAW).
+"""
+import triton
+import triton.language as tl
+
+from .sample_scan import row_flags
+from .sample_state import COLLECT, DONE, DRAW, FAST, FILTER, NEED_S, PLAIN, eligible_key, start_search
+from .tlutil import NEG_INF, argmax_pair, fexp, key_to_float, max_key_with_count, order_key
+
+
+@triton.jit
+def _block_keys(bmax_ptr, row, nblk, NBP: tl.constexpr):
+    b = tl.arange(0, NBP)
+    bv = tl.load(bmax_ptr + row.to(tl.int64) * nblk + b, mask=b < nblk, other=NEG_INF)
+    return bv, order_key(bv).to(tl.int64), b < nblk
+
+
+@triton.jit
+def kth_block_max(bmax_ptr, row, nblk, k, NBP: tl.constexpr):
+    """The k-th largest block maximum (-inf when k > number of blocks)."""
+    bv, keys, valid = _block_keys(bmax_ptr, row, nblk, NBP)
+    kappa = max_key_with_count(keys, valid, tl.minimum(k, nblk))
+    return tl.where(k <= nblk, key_to_float(kappa), NEG_INF)
+
+
+@triton.jit
+def top_p_block_bound(bmax_ptr, row, nblk, m, p, s_up, EXACT_EXP: tl.constexpr, NBP: tl.constexpr):
+    """Largest block maximum b whose block maxima >= b carry mass >= p * s_up, else -inf.
+
+    Masses are fp32 multiples of 2**shift with safety margins: a lower bound of the exact
+    integer mass of the entries >= b against an upper bound of the target, so v* >= b."""
+    bv, keys, valid = _block_keys(bmax_ptr, row, nblk, NBP)
+    e_lo = tl.where(valid & (bv > NEG_INF), fexp(bv - m, EXACT_EXP) * 0.999999 - 1e-9, 0.0)
+    want = p * s_up
+    lo = tl.full((), -1, tl.int64)
+    hi = tl.full((), 1 << 32, tl.int64)
+    for _ in range(33):          # largest key whose mass at or above reaches `want`
+        mid = (lo + hi) >> 1
+        ok = tl.sum(tl.where(keys >= mid, e_lo, 0.0), axis=0) * 0.999 >= want
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return tl.where(lo >= 0, key_to_float(lo), NEG_INF)
+
+
+@triton.jit
+def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
+                    NBP: tl.constexpr, EXACT_EXP: tl.constexpr):
+    """tau <= every kept value, and a lower bound of how many entries reach it."""
+    tau = t1
+    if topk:
+        tau = tl.maximum(tau, kth_block_max(bmax_ptr, row, nblk, k, NBP))
+    else:
+        se_m = tl.load(se_m_ptr + parts)
+        s_all = tl.sum(tl.where(se_m > NEG_INF, tl.load(se_s_ptr + parts) * fexp(se_m - m, EXACT_EXP), 0.0), axis=0)
+        tau = tl.maximum(tau, top_p_block_bound(bmax_ptr, row, nblk, m, p, s_all * 1.004 + 1e-6, EXACT_EXP, NBP))
+    b = tl.arange(0, NBP)
+    bv = tl.load(bmax_ptr + row.to(tl.int64) * nblk + b, mask=b < nblk, other=NEG_INF)
+    return tau, tl.sum((bv >= tau).to(tl.int32), axis=0)
+
+
+@triton.jit
+def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols,
+                  raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
+                  st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n,
+                  NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+    row = tl.program_id(0)
+    parts = row * NSPLIT + tl.arange(0, NSPLIT)
+    raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
+    best_v, best_i = argmax_pair(tl.load(best_v_ptr + parts), tl.load(best_i_ptr + parts))
+    m = tl.max(tl.load(max_ptr + parts), axis=0)
+    k = tl.load(k_ptr + row)
+    p = tl.load(p_ptr + row)
+    lmp = tl.load(lmp_ptr + row)
+    mode, topk, topp, minp = row_flags(tl.load(t_ptr + row), k, p, lmp, ncols)
+    tl.store(st_raw + row, raw_i)
+    tl.store(st_m + row, m)
+    tl.store(cand_n + row, 0)
+    stage = tl.full((), DONE, tl.int32)
+    token = raw_i
+    valid = raw_v > NEG_INF
+    if mode == PLAIN:
+        valid = best_v > NEG_INF
+        token = tl.where(valid, best_i, raw_i)
+    elif mode == FILTER:
+        valid = m > NEG_INF
+        topp = topp & (m < float("inf"))
+        t1 = tl.where(minp, m + lmp, NEG_INF)
+        tl.store(st_t1 + row, t1)
+        tkey = eligible_key(t1)
+        if valid:
+            stage = tl.full((), DRAW, tl.int32)
+            tl.store(st_tkey + row, tkey)
+            if topk | topp:
+                tau, n_lb = lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
+                                            NBP, EXACT_EXP)
+                if n_lb <= CAP:
+                    stage = tl.full((), COLLECT, tl.int32)
+                    tl.store(st_flags + row, tl.where(topp & ~topk, FAST | NEED_S, FAST).to(tl.int32))
+                    tl.store(st_klo + row, tl.maximum(eligible_key(tau), tkey))
+                    tl.store(st_khi + row, tl.full((), 0xFFFFFFFF, tl.int64))
+                else:
+                    stage = start_search(row, ~topk, tl.where(topk, eligible_key(NEG_INF), tkey), m,
+                                         st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
+                                         st_piv, P, NB)
+    tl.store(st_stage + row, stage)
+    tl.store(st_token + row, token.to(tl.int64))
+    tl.store(st_valid + row, valid.to(tl.int32))
