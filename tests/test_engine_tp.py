@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -96,3 +98,38 @@ def test_killed_worker_ends_the_run_with_a_clear_error_within_the_timeout(folder
     assert not any(p.is_alive() for p in llm._backend.procs), "every worker is stopped"
     with pytest.raises(RuntimeError, match="stopped"):
         llm.generate([[1, 2, 3]])
+
+
+SPMD_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+from tpsample import SamplingParams
+from tpsample.llm import LLM
+folder, out = sys.argv[1], sys.argv[2]
+with LLM(folder, tensor_parallel_size=2, dtype="float32", kv_cache_tokens=1024, strategy="batch_sharded") as llm:
+    outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.8, seed=1, max_tokens=8))
+    try:
+        llm.generate([[1, 10**6]])
+        err = None
+    except ValueError as e:
+        err = str(e)
+    json.dump({"tokens": [o.output_token_ids for o in outs], "err": err},
+              open(f"{out}/rank{dist.get_rank()}.json", "w"))
+"""
+
+
+def test_torchrun_ranks_all_return_the_tp1_outputs_and_share_value_errors(folder, tmp_path):
+    from tpsample.engine.launch import free_port
+
+    script = tmp_path / "spmd.py"
+    script.write_text(SPMD_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), str(script), folder, str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    expected = LLM(folder, dtype="float32", kv_cache_tokens=1024).generate(
+        [[1, 2, 3], [4, 5]], SamplingParams(temperature=0.8, seed=1, max_tokens=8))
+    for r in ranks:
+        assert r["tokens"] == [o.output_token_ids for o in expected]
+        assert r["err"] is not None and "token ids" in r["err"]

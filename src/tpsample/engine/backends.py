@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.engine import follow
 from tpsample.engine.launch import build_engine, build_rank, init_groups, rank_device, resolve_device
-from tpsample.engine.step import EndOfGenerate
+from tpsample.engine.step import EndOfGenerate, Shutdown
 
 
 def under_torchrun() -> bool:
@@ -45,6 +45,7 @@ class InProcessBackend:
 class SpmdBackend:
     def __init__(self, cfg: EngineConfig):
         kind = resolve_device(cfg)
+        self._owns_default_group = not dist.is_initialized()
         tp_group, control = init_groups("nccl" if kind == "cuda" else "gloo", timeout_s=cfg.startup_timeout_s)
         if dist.get_world_size() != cfg.tensor_parallel_size:
             raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} must equal the torchrun "
@@ -74,5 +75,10 @@ class SpmdBackend:
         return outputs, self.engine.stats
 
     def close(self) -> None:
+        """Collective, like generate: rank 0 sends Shutdown, every other rank waits for it."""
         if self.engine is not None:
             self.engine.shutdown()
+        elif not isinstance(self.channel.recv(), Shutdown):
+            raise RuntimeError("expected rank 0 to shut the engine down")
+        if self._owns_default_group:        # gloo threads must stop before the interpreter does
+            dist.destroy_process_group()
