@@ -102,3 +102,17 @@ def test_config_rejects_unsupported_architectures():
     base = transformers.LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 2.0}).to_dict()
     with pytest.raises(ValueError, match="rope_type"):
         ModelConfig.from_dict(base)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_match_transformers_in_the_same_dtype(checkpoints, dtype):
+    folder = checkpoints["qwen2_tied"]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    model = load_model(folder, TPGroup(), dtype=dtype)
+    n = len(PROMPTS[0])
+    with torch.no_grad():
+        expected = ref(torch.tensor(PROMPTS[:1])).logits[0]
+        ours = model.compute_logits(model(torch.tensor(PROMPTS[0]), torch.arange(n),
+                                          build_attention_metadata([n], [n], None, 16)))
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours.float(), expected.float(), atol=0.05, rtol=0.02)

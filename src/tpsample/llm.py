@@ -7,9 +7,13 @@ TP=1 runs in this process; TP>1 spawns one worker per rank (gloo on CPU, NCCL wi
 rank); under torchrun every rank runs the script and the ranks are the torchrun processes (see
 `tpsample.engine.backends`). Structured output: `generate(..., guided=GuidedDecoding(...))`.
 Streaming: `generate(..., stream=callback)`, called with a `StreamDelta` per request per step.
+Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
+Engine options beyond the public signature (block_size, max_num_batched_tokens,
+cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence
 
 import torch
@@ -93,9 +97,9 @@ class LLM:
                                      "pass token ids")
                 texts.append(p)
                 ids.append(self.tokenizer.encode(p, add_special_tokens=True))
-            elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
+            elif isinstance(p, (list, tuple)) and all(isinstance(t, numbers.Integral) for t in p):
                 texts.append(None)
-                ids.append(list(p))
+                ids.append([int(t) for t in p])
             else:
                 raise ValueError(f"prompt {i} must be a str or a list of token ids, got {type(p).__name__}")
         return texts, ids
