@@ -25,6 +25,7 @@ from tpsample.engine.multiproc import MultiprocBackend
 from tpsample.engine.report import EngineInfo, RunStats
 from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta
 from tpsample.engine.tokenizer import load_tokenizer
+from tpsample.model import ModelConfig
 
 
 def _ngram(spec) -> NgramConfig | None:
@@ -59,6 +60,7 @@ class LLM:
             dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, speculative_ngram=_ngram(speculative_ngram),
             kv_cache_tokens=kv_cache_tokens, **engine_options)
+        ModelConfig.from_folder(self.config.model)   # fail here, before any worker starts
         self.tokenizer = load_tokenizer(self.config.model)
         self._backend = None
         if under_torchrun():

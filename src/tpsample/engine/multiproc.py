@@ -39,9 +39,9 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
             conn.send(("ready", engine.info))
             _serve(engine, conn)
         dist.destroy_process_group()
-    except BaseException:
+    except BaseException as exc:
         try:
-            conn.send(("fatal", traceback.format_exc()))
+            conn.send(("fatal", traceback.format_exc(), isinstance(exc, ValueError)))
         finally:
             sys.exit(1)
 
@@ -105,16 +105,17 @@ class MultiprocBackend:
                     except EOFError:
                         continue                    # the sentinel reports the exit
                     if msg[0] == "fatal":
-                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}")
+                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}", ValueError if msg[2] else RuntimeError)
                     self._inbox[r].append(msg)
             for obj in ready:
                 if obj in sentinels:
                     r = sentinels[obj]
                     self._fail(f"worker rank {r} died during {what} (exit code {self.procs[r].exitcode})")
 
-    def _fail(self, why: str):
+    def _fail(self, why: str, error: type[Exception] = RuntimeError):
+        """Stop every worker and raise; a configuration error found by a rank stays a ValueError."""
         self.close(force=True)
-        raise RuntimeError(f"tpsample engine stopped: {why}")
+        raise error(f"tpsample engine stopped: {why}")
 
     def generate(self, prompts, params, guided, on_delta):
         if self._closed:
