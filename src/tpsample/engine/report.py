@@ -20,11 +20,6 @@ class EngineInfo:
     weights_bytes: int                    # per rank
     kv_bytes_per_token: int               # per rank
 
-    def max_concurrent(self, tokens_per_request: int) -> int:
-        """Requests of this many tokens (prompt + output) that fit in the KV cache at once."""
-        blocks = -(-tokens_per_request // self.block_size)
-        return min(self.max_num_seqs, self.num_kv_blocks // max(1, blocks))
-
     def as_dict(self) -> dict:
         return asdict(self)
 
