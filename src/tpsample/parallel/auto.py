@@ -6,8 +6,8 @@ Estimated step time of strategy s = collectives(s) * latency + bytes(s) / bandwi
   every rank processes R x V elements.
 - batch_sharded: 1 all-to-all (each rank receives about (TP-1)/TP of R/TP x V x 4 bytes), 1-3
   small gathers; each rank processes about R/TP x V elements (ceil by owner balance).
-- vocab_parallel: no row moves, but one collective per reduction of the pipeline (about 4 +
-  2 per filter, +5 with top-p, +6 with logprobs); each rank processes R x V/TP elements.
+- vocab_parallel: no row moves, but a few small collectives (1 for the draw, +1 for top-k, +2 for
+  top-p without top-k, +2 per logprob kind); each rank processes R x V/TP elements.
 Constants are per device kind (gloo on CPU: slow small collectives; NCCL on GPU: fast links).
 At TP=1 every strategy is the same computation and `replicated` (no collectives) is chosen.
 See docs/auto.md for the measurements behind the constants.
@@ -30,11 +30,12 @@ GPU_NCCL = CostConstants(latency_s=25e-6, bandwidth_Bps=150e9, elems_per_s=4e11)
 
 
 def vocab_parallel_collectives(top_k: bool, top_p: bool, min_p: bool, logprobs: bool) -> int:
-    n = 4                            # NaN count, raw argmax, greedy pair, draw pair
-    n += 1 if min_p else 0
-    n += 1 if top_k else 0
-    n += 5 if top_p else 0           # max, sum, candidates (2), certificate; radix adds 4 when needed
-    n += 6 if logprobs else 0
+    """Collectives of one vocab-parallel step (see sampling/pipeline.py and topp.py)."""
+    n = 1                                # one gather: raw argmax, greedy and drawn winners, NaNs
+    n += 1 if top_k else 0               # top-k candidates (a rare second round is not counted)
+    n += 1 if (min_p and not top_k) else 0    # the row max (top-k candidates carry it otherwise)
+    n += 2 if (top_p and not top_k) else 0    # max + candidates; with top-k, none
+    n += 2 if logprobs else 0            # statistics gather + rank count, per logprob kind
     return n
 
 
