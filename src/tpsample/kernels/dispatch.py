@@ -28,6 +28,7 @@ Must not import tpsample.sampling's pipeline (only rng); the sampler imports thi
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -74,13 +75,18 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
     """Programs per row: about 4 per SM in all (so R = 1 still fills the GPU), a power of two."""
     if cfg.splits is not None:
         return cfg.splits
     if torch.device(device).type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(torch.device(device).index or 0)
     want = _pow2(max(1, (4 * sms) // max(rows, 1)))
     most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
     return max(1, min(want, most))
@@ -88,18 +94,27 @@ def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
 
 @dataclass(frozen=True)
 class RowHints:
-    """What the batch uses, known on the host (saves a device sync): any rows with filters
-    (top-k, top-p or min-p) and any with top-k or top-p (which may need several rounds)."""
-    any_filter: bool
-    any_top_k_or_p: bool
+    """What the batch holds, known on the host (so the call needs no device sync and compiles
+    only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
+    top-p (which may need several rounds), greedy rows, plain rows (temperature only).
+    A hint may be True when no such row exists (slower), never False when one does."""
+    any_filter: bool = True
+    any_top_k_or_p: bool = True
+    any_greedy: bool = True
+    any_plain: bool = True
+
+    @property
+    def modes(self) -> int:
+        return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)
 
 
 def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
+    """RowHints from the per-row parameter tensors (one device sync if they live on the GPU)."""
     sampled = temperature != 0
     kp = sampled & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1))
     filt = kp | (sampled & (log_min_p > float("-inf")))
-    flags = torch.stack([filt.any(), kp.any()]).tolist()
-    return RowHints(bool(flags[0]), bool(flags[1]))
+    flags = torch.stack([filt.any(), kp.any(), (~sampled).any(), (sampled & ~filt).any()]).tolist()
+    return RowHints(*(bool(f) for f in flags))
 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,

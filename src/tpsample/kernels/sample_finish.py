@@ -34,16 +34,13 @@ def _after_top_k(row, thr, m, p, st_flags, st_tkey, st_klo, st_khi, st_shift, st
 
 
 @triton.jit
-def _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token, st_valid,
-             st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv,
-             cand_key, cand_id, p_mass, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
+def _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S_row, key0_ptr, key1_ptr, col_offset,
+             scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
+             st_piv, cand_key, cand_id, p_mass, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
              P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
     idx = tl.arange(0, SIZE)
     valid = idx < n
     keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
-    flags = tl.load(st_flags + row)
-    m = tl.load(st_m + row)
-    t1 = tl.load(st_t1 + row)
     t1key = tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0)
     stage = tl.full((), DONE, tl.int32)
     if (flags & FAST) != 0:
@@ -56,11 +53,8 @@ def _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags,
             if (flags & NEED_S) != 0:
                 S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
             target = p.to(tl.float64) * S.to(tl.float64)
-            tl.store(st_S + row, S)           # (diagnostics: S, and the top-k threshold in klo)
-            tl.store(st_klo + row, thr)
             thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, thr - 1,
                                      tl.full((), 0xFFFFFFFF, tl.int64))
-        tl.store(st_khi + row, thr)
         kept = valid & (keys >= thr)
         ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
@@ -68,17 +62,16 @@ def _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags,
         score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), NEG_INF)
         bv, bi = argmax_pair(score, tl.where(kept, ids, BIG_ID32))
         found = bv > NEG_INF
-        tl.store(st_token + row, tl.where(found, bi, tl.load(st_raw + row)).to(tl.int64))
-        tl.store(st_valid + row, found.to(tl.int32))
+        tl.store(st_token + row, tl.where(found, bi, raw).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, found)
     elif (flags & PHASE_TOPP) == 0:
-        kappa = max_key_with_count(keys, valid, k - tl.load(st_cabove + row))
+        kappa = max_key_with_count(keys, valid, k - cabove)
         stage = _after_top_k(row, tl.maximum(kappa, t1key), m, p, st_flags, st_tkey, st_klo, st_khi, st_shift,
                              st_cabove, st_mabove, st_piv, P, NB)
     else:
         e = tl.where(valid, mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
-        target = p.to(tl.float64) * tl.load(st_S + row).to(tl.float64)
-        thr = min_key_mass_below(keys, e, tl.load(st_mabove + row), target, tl.load(st_klo + row) - 1,
-                                 tl.load(st_khi + row))
+        target = p.to(tl.float64) * S_row.to(tl.float64)
+        thr = min_key_mass_below(keys, e, mabove, target, klo - 1, khi)
         tl.store(st_tkey + row, thr)
         stage = tl.full((), DRAW, tl.int32)
     return stage
@@ -110,29 +103,20 @@ def _next_pivots(hist, klo, shift, lo, hi, n_new, P: tl.constexpr, NB: tl.conste
 
 
 @triton.jit
-def _hist_step(row, k, p, st_flags, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
-               st_S, st_piv, p_cnt, p_mass, p_cgt, p_mgt, p_hist, NSPLIT: tl.constexpr, CAP: tl.constexpr,
-               P: tl.constexpr, NB: tl.constexpr):
+def _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv, st_flags, st_tkey, st_klo, st_khi,
+               st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+               NSPLIT: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr, NB: tl.constexpr):
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     cnt = tl.sum(tl.load(p_cnt + parts), axis=0)
-    flags = tl.load(st_flags + row)
     topp = (flags & PHASE_TOPP) != 0
-    cabove = tl.load(st_cabove + row)
-    mabove = tl.load(st_mabove + row)
-    klo = tl.load(st_klo + row)
-    khi = tl.load(st_khi + row)
-    m = tl.load(st_m + row)
-    S = tl.load(st_S + row)
     if (flags & FIRST) != 0:
         S = mabove + tl.sum(tl.load(p_mass + parts), axis=0)
         tl.store(st_S + row, S)
     stage = tl.full((), HIST, tl.int32)
     if (~topp) & (cabove + cnt < k):        # fewer than k entries above -inf: top-k keeps all
-        t1 = tl.load(st_t1 + row)
         stage = _after_top_k(row, tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0), m, p, st_flags,
                              st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, P, NB)
     else:
-        piv = tl.load(st_piv + row * P + tl.arange(0, P))
         G = cabove + _sum_parts(p_cgt, row, NSPLIT, P)          # entries with key > pivot
         F = mabove + _sum_parts(p_mgt, row, NSPLIT, P)          # their mass
         target = p.to(tl.float64) * S.to(tl.float64)
@@ -155,15 +139,14 @@ def _hist_step(row, k, p, st_flags, st_m, st_t1, st_tkey, st_klo, st_khi, st_shi
             tl.store(st_tkey + row, tl.where(n_new == 0, hi + 1, hi))
             stage = tl.full((), DRAW, tl.int32)
         elif lo == hi:                           # one key left: the k-th largest (ties at any count)
-            t1 = tl.load(st_t1 + row)
             stage = _after_top_k(row, tl.maximum(lo, tl.where(t1 > NEG_INF, order_key(t1).to(tl.int64), 0)), m, p,
                                  st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, P, NB)
         elif n_new <= CAP:
             stage = tl.full((), COLLECT, tl.int32)
         else:
             hist = _sum_parts(p_hist, row, NSPLIT, NB)
-            shift = tl.load(st_shift + row).to(tl.int64)
-            tl.store(st_piv + row * P + tl.arange(0, P), _next_pivots(hist, klo, shift, lo, hi, n_new, P, NB))
+            tl.store(st_piv + row * P + tl.arange(0, P),
+                     _next_pivots(hist, klo, shift.to(tl.int64), lo, hi, n_new, P, NB))
             tl.store(st_shift + row, window_shift(lo, hi, NB).to(tl.int32))
     return stage
 
@@ -176,35 +159,52 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                   NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr, EXACT_EXP: tl.constexpr):
     row = tl.program_id(0)
+    # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
+    # warp must never read a field another warp of this program has already rewritten.
     stage = tl.load(st_stage + row)
     k = tl.load(k_ptr + row)
     p = tl.load(p_ptr + row)
+    flags = tl.load(st_flags + row)
+    m = tl.load(st_m + row)
+    t1 = tl.load(st_t1 + row)
+    raw = tl.load(st_raw + row)
+    klo = tl.load(st_klo + row)
+    khi = tl.load(st_khi + row)
+    shift = tl.load(st_shift + row)
+    cabove = tl.load(st_cabove + row)
+    mabove = tl.load(st_mabove + row)
+    S = tl.load(st_S + row)
+    n = tl.load(cand_n + row)
+    piv = tl.load(st_piv + row * P + tl.arange(0, P))
+    tl.debug_barrier()
     if stage == DRAW:
         parts = row * NSPLIT + tl.arange(0, NSPLIT)
         bv, bi = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
         valid = bv > NEG_INF
-        tl.store(st_token + row, tl.where(valid, bi, tl.load(st_raw + row)).to(tl.int64))
-        tl.store(st_valid + row, valid.to(tl.int32))
+        tl.store(st_token + row, tl.where(valid, bi, raw).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, valid)
         stage = tl.full((), DONE, tl.int32)
     elif stage == COLLECT:
-        n = tl.load(cand_n + row)
         tl.store(cand_n + row, 0)
         if n > CAP:
             topk_on = (k > 0) & (k < ncols)
-            tkey = tl.where(topk_on, eligible_key(NEG_INF), eligible_key(tl.load(st_t1 + row)))
-            stage = start_search(row, ~topk_on, tkey, tl.load(st_m + row), st_flags, st_tkey, st_klo, st_khi,
+            tkey = tl.where(topk_on, eligible_key(NEG_INF), eligible_key(t1))
+            stage = start_search(row, ~topk_on, tkey, m, st_flags, st_tkey, st_klo, st_khi,
                                  st_shift, st_cabove, st_mabove, st_piv, P, NB)
         elif n <= SMALL:
-            stage = _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token,
-                     st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S,
-                     st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, SMALL, P, NB, EXACT_EXP)
+            stage = _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S, key0_ptr, key1_ptr,
+                             col_offset, scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift,
+                             st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, SMALL, P, NB,
+                             EXACT_EXP)
         else:
-            stage = _resolve(row, n, k, p, key0_ptr, key1_ptr, col_offset, scale, one, st_flags, st_token,
-                     st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S,
-                     st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, CAP, P, NB, EXACT_EXP)
+            stage = _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S, key0_ptr, key1_ptr,
+                             col_offset, scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift,
+                             st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, CAP, P, NB,
+                             EXACT_EXP)
     elif stage == HIST:
-        stage = _hist_step(row, k, p, st_flags, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift, st_cabove,
-                   st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt, p_mgt, p_hist, NSPLIT, CAP, P, NB)
+        stage = _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv, st_flags, st_tkey,
+                           st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
+                           p_mgt, p_hist, NSPLIT, CAP, P, NB)
     tl.store(st_stage + row, stage)
     if stage != DONE:
         tl.atomic_add(pending, 1)

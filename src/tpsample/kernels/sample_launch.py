@@ -29,7 +29,7 @@ class Workspace:
         n = rows * splits
         fields = [("raw_v", n, f32), ("raw_i", n, i32), ("max", n, f32), ("best_v", n, f32), ("best_i", n, i32),
                   ("se_m", n, f32), ("se_s", n, f32), ("nans", n, i32), ("bmax", (rows, nblk), f32),
-                  ("stage", rows, i32), ("flags", rows, i32), ("token", rows, i64), ("valid", rows, i32),
+                  ("stage", rows, i32), ("flags", rows, i32),
                   ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
                   ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
@@ -46,8 +46,8 @@ class Workspace:
             setattr(self, name, self.buffer[off:off + b].view(dt).view(shape))
         self.nbytes = total
 
-    def state(self):
-        return (self.stage, self.flags, self.token, self.valid, self.raw, self.m, self.t1, self.tkey,
+    def state(self, token, valid):
+        return (self.stage, self.flags, token, valid, self.raw, self.m, self.t1, self.tkey,
                 self.klo, self.khi, self.shift, self.cabove, self.mabove, self.S, self.piv)
 
 
@@ -55,6 +55,30 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
     if cfg.block_max_cols is not None:
         return cfg.block_max_cols
     return min(128, max(16, _pow2(math.ceil(cols / 2048))))
+
+
+_CACHE: dict = {}
+CACHE_SIZE = 8
+
+
+def workspace_for(rows, splits, nblk, cfg, dev) -> Workspace:
+    """A workspace per (device, stream, shape): kernels on one stream run in order, so reusing it
+    across calls is safe there and saves ~30 tensor views per call. At most CACHE_SIZE are kept."""
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    key = (str(dev), stream, rows, splits, nblk, cfg)
+    ws = _CACHE.get(key)
+    if ws is None:
+        if len(_CACHE) >= CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        ws = _CACHE[key] = Workspace(rows, splits, nblk, cfg, dev)
+    return ws
+
+
+def workspace_bytes(rows: int, cols: int, cfg: KernelConfig, device) -> int:
+    """Bytes of the sample_rows workspace for this shape (the kernels' only extra memory)."""
+    splits = num_splits(rows, cols, device, cfg)
+    nblk = math.ceil(cols / block_max_cols(cols, cfg))
+    return Workspace(rows, splits, nblk, cfg, torch.device("meta")).nbytes
 
 
 def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
@@ -69,13 +93,16 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     chunk = max(step, math.ceil(math.ceil(cols / splits) / step) * step)
     chunk = math.ceil(chunk / cfg.block) * cfg.block if chunk % cfg.block else chunk
     nblk = math.ceil(cols / bb)
-    ws = Workspace(rows, splits, nblk, cfg, dev)
+    ws = workspace_for(rows, splits, nblk, cfg, dev)
+    token = torch.empty(rows, dtype=torch.int64, device=dev)
+    valid = torch.empty(rows, dtype=torch.bool, device=dev)
     nw = cfg.num_warps
     scan_kernel[(rows, splits)](x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
                                 ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
-                                nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, num_warps=nw)
-    select_kernel[(rows,)](t, k, p, lmp, cols, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
-                           ws.bmax, nblk, ws.stage, ws.token, ws.valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
+                                nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
+                                num_warps=nw)
+    select_kernel[(rows,)](t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
+                           ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
                            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
                            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
                            EXACT_EXP=exact_exp, num_warps=nw)
@@ -85,11 +112,10 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             round_kernel[(rows, splits)](x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
                                          ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
                                          ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-                                         ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist,
+                                         ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
                                          NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
                                          NB=cfg.bins, EXACT_EXP=exact_exp, num_warps=nw)
-            ws.pending.zero_()
-            finish_kernel[(rows,)](cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(),
+            finish_kernel[(rows,)](cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                                    ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                                    ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
                                    NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
@@ -100,4 +126,4 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             raise RuntimeError("sample_rows: exact search did not settle (bug)")
     if nans_out is not None:
         nans_out.copy_(ws.nans.view(rows, splits).sum(dim=1))
-    return ws.token + col_offset, ws.valid.bool()
+    return token, valid

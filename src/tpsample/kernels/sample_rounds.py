@@ -18,7 +18,8 @@ import triton.language as tl
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, noise_bound
 from .sample_state import COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, mass, order_key, pair_max
+from .tlutil import BIG_ID32, KEY_POS_INF, NEG_INF, argmax_pair, chunk_bounds, div_t, key_to_float, mass, order_key, \
+    pair_max
 
 
 
@@ -27,6 +28,11 @@ from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, mass, o
 def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scale, one,
              cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, EXACT_EXP: tl.constexpr):
     s_part = tl.zeros((), tl.int64)
+    t_lo = key_to_float(tkey)
+    w_lo = key_to_float(tl.maximum(klo, tkey))
+    inf_key = tl.full((), KEY_POS_INF, tl.int64)
+    w_hi = key_to_float(tl.minimum(khi + 1, inf_key))     # key <= khi <=> l < v(khi + 1)
+    no_hi = khi >= inf_key
     offs = tl.arange(0, BLOCK)
     xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, BLOCK):
@@ -34,15 +40,14 @@ def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scal
         xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
         l = div_t(fp32_nonan(xr), t)
         xr = xr_next
-        key = order_key(l).to(tl.int64)
-        elig = (l > NEG_INF) & (key >= tkey)
-        sel = elig & (key >= klo) & (key <= khi)
+        elig = l >= t_lo                  # l >= v(tkey) <=> key >= tkey (and -inf never qualifies)
+        sel = (l >= w_lo) & tl.where(no_hi, l == l, l < w_hi)     # klo <= key <= khi, as value bounds
         nsel = tl.sum(sel.to(tl.int32), axis=0)
         if nsel > 0:
             base = tl.atomic_add(cand_n + row, nsel)
             pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
             ok = sel & (pos < CAP)
-            tl.store(cand_key + row.to(tl.int64) * CAP + pos, key, mask=ok)
+            tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
             tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
         if need_s:
             s_part += tl.sum(tl.where(elig, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
@@ -86,6 +91,7 @@ def _hist(x_ptr, row_off, t, start, end, tkey, klo, khi, shift, piv, m, scale, o
 def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.constexpr):
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
+    t_lo = key_to_float(tkey)
     offs = tl.arange(0, BLOCK)
     xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, BLOCK):
@@ -93,7 +99,7 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
         xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
         l = div_t(fp32_nonan(xr), t)
         xr = xr_next
-        kept = (l > NEG_INF) & (order_key(l).to(tl.int64) >= tkey)
+        kept = l >= t_lo                  # key >= tkey, as a value bound (tkey > key(-inf))
         if tl.max(kept.to(tl.int32), axis=0) > 0:
             u = uniform_bits(k0, k1, cols + col_offset)
             cand = kept & (noise_bound(l, u) >= best_v)      # only these can beat the best so far
@@ -107,10 +113,12 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
 def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                  st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                  cand_key, cand_id, cand_n,
-                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
     row = tl.program_id(0)
+    if (row == 0) & (tl.program_id(1) == 0):
+        tl.store(pending, 0)             # finish_kernel counts the rows still searching
     stage = tl.load(st_stage + row)
     if stage != 0:
         part = row * NSPLIT + tl.program_id(1)

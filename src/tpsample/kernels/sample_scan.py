@@ -1,6 +1,8 @@
 """Pass 1 of `sample_rows`, the scan (grid rows x splits): one streaming read of each row split.
 
-Always: the raw argmax of x (NaN as -inf) and the NaN count. Greedy rows: nothing else. Plain
+Always the NaN count. Greedy rows: the argmax of x (NaN as -inf). Other rows never need the raw
+argmax: with T > 0 a row has no entry above -inf exactly when x has none, and the row max is
+always kept, so the guard's token there is the first column (the argmax of an all -inf row). Plain
 rows (temperature only): the whole draw, the Gumbel argmax of l = x / T; a block computes the
 noise (two logs) only if some entry's cheap upper bound l + (-log W) reaches the best so far,
 which after the first blocks is rare (the bound needs only W's bits). Filter rows: max(l); block
@@ -55,7 +57,9 @@ def fp32_nonan(xr):
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
                 raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, nan_ptr, bmax_ptr,
                 nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
-                EXACT_EXP: tl.constexpr):
+                EXACT_EXP: tl.constexpr, MODES: tl.constexpr):
+    """MODES: which row modes the batch holds (1 greedy, 2 plain, 4 filter); code for absent
+    modes is not compiled, which keeps registers (and so occupancy) to what the batch needs."""
     row = tl.program_id(0)
     part = row * NSPLIT + tl.program_id(1)
     start, end = chunk_bounds(ncols, CHUNK)
@@ -85,16 +89,22 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         x = xr.to(tl.float32)
         nanv += (x != x).to(tl.int32)
         x = tl.where(x == x, x, NEG_INF)
-        rv, ri = acc_argmax(rv, ri, x, cols)
-        if mode != GREEDY:
+        if (MODES & 1) != 0:
+            if mode == GREEDY:
+                rv, ri = acc_argmax(rv, ri, x, cols)
+        if (MODES & 6) != 0:
             l = div_t(x, t)
-            mxv = tl.maximum(mxv, l)
+        if (MODES & 4) != 0:
+            if mode == FILTER:
+                mxv = tl.maximum(mxv, l)
+        if (MODES & 2) != 0:
             if mode == PLAIN:
                 u = uniform_bits(k0, k1, cols + col_offset)
                 cand = (l > NEG_INF) & (noise_bound(l, u) >= best_v)
                 if tl.max(tl.max(cand.to(tl.int32), axis=1), axis=0) > 0:
                     v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                     best_v, best_i = pair_max(best_v, best_i, v, i)
+        if (MODES & 4) != 0:
             if need_bmax:
                 bm = tl.max(l, axis=1)
                 b = s // BB + tl.arange(0, TILE)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .sample_scan import row_flags
-from .sample_state import COLLECT, DONE, DRAW, FAST, FILTER, NEED_S, PLAIN, eligible_key, start_search
+from .sample_state import COLLECT, DONE, DRAW, FAST, FILTER, GREEDY, NEED_S, PLAIN, eligible_key, start_search
 from .tlutil import NEG_INF, argmax_pair, fexp, key_to_float, max_key_with_count, order_key
 
 
@@ -66,8 +66,8 @@ def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, top
     return tau, tl.sum((bv >= tau).to(tl.int32), axis=0)
 
 
-@triton.jit
-def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols,
+@triton.jit(do_not_specialize=["col_offset"])
+def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n,
@@ -82,6 +82,7 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols,
     p = tl.load(p_ptr + row)
     lmp = tl.load(lmp_ptr + row)
     mode, topk, topp, minp = row_flags(tl.load(t_ptr + row), k, p, lmp, ncols)
+    raw_i = tl.where(mode == GREEDY, raw_i, 0)      # the guard's token off greedy rows (see sample_scan)
     tl.store(st_raw + row, raw_i)
     tl.store(st_m + row, m)
     tl.store(cand_n + row, 0)
@@ -113,5 +114,5 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols,
                                          st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
                                          st_piv, P, NB)
     tl.store(st_stage + row, stage)
-    tl.store(st_token + row, token.to(tl.int64))
-    tl.store(st_valid + row, valid.to(tl.int32))
+    tl.store(st_token + row, token.to(tl.int64) + col_offset)
+    tl.store(st_valid + row, valid)

@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover - very old Triton
 
 NEG_INF = tl.constexpr(float("-inf"))
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)     # order_key(-inf)
+KEY_POS_INF = tl.constexpr(0xFF800000)     # order_key(+inf)
 BIG_ID32 = tl.constexpr(0x7FFFFFFF)        # a local column id larger than any real one (ties -> lowest id)
 
 
