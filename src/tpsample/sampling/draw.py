@@ -6,12 +6,13 @@ reducer's `argmax_pair` (largest value, ties -> lowest global id). The noise dep
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 
 from .filters import NEG_INF, kept_mask, row_chunks
-from .rng import SALT_DRAW, gumbel_noise
+from .rng import SALT_DRAW, gumbel_noise, row_keys
 
 
 def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,11 +38,18 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
                       log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """argmax over kept local tokens of (score + g(seed, pos, id)): (value, global id) per row.
 
+    On CUDA (with Triton) the plain draw runs as one streaming kernel with no temporaries.
+
     score is `l` (the processed logits), or `log_weights` when given (residual draws).
     exclude: [rows] global token id to leave out (-1 = none), for the one-hot residual.
     A row with no kept token returns value -inf.
     """
     n, cols = l.shape
+    if exclude is None and log_weights is None and n and cols:
+        kernel = _shard_gumbel_kernel(l)
+        if kernel is not None:
+            k0, k1 = row_keys(seeds.to(l.device), positions.to(l.device), salt)
+            return kernel(l, None, thr, k0, k1, col_offset=col_start)
     best_v = torch.full((n,), NEG_INF, device=l.device)
     best_i = torch.zeros(n, dtype=torch.int64, device=l.device)
     ids_all = torch.arange(col_start, col_start + cols, device=l.device)
@@ -56,6 +64,17 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
         best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
         del z, g, keep
     return best_v, best_i
+
+
+def _shard_gumbel_kernel(l: torch.Tensor):
+    """The Triton Gumbel-argmax kernel when it can run on l's device, else None."""
+    if not (l.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1") or l.stride(1) != 1:
+        return None
+    try:
+        from ..kernels.dispatch import kernels_available, shard_gumbel_argmax
+    except ImportError:
+        return None
+    return shard_gumbel_argmax if kernels_available(l.device) else None
 
 
 def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:

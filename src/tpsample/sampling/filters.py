@@ -26,7 +26,7 @@ def mass_shift(vocab_size: int) -> int:
     return 62 - max(1, math.ceil(math.log2(vocab_size)))
 
 
-ROW_CHUNK_ELEMS_CUDA = 1 << 22   # GPUs want fewer, larger launches
+ROW_CHUNK_ELEMS_CUDA = 1 << 20   # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
 
 
 def row_chunks(num_rows: int, cols: int, device=None):
