@@ -43,15 +43,20 @@ MAX_ROUNDS = 64
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch shape: CAP candidates per row, P pivots and NB histogram bins per search pass."""
-    block: int = 1024          # columns per step in the round passes
-    scan_cols: int = 2048      # columns per step in the scan (TILE x BB)
+    """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
+    small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
+    inside a warp or two; ~16 programs per SM in all. CAP candidates per row, P pivots and NB
+    histogram bins per search pass."""
+    block: int = 256           # columns per step in the round passes
+    scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     cap: int = 2048
     small: int = 256
     pivots: int = 8
     bins: int = 256
-    num_warps: int = 8
-    splits: Optional[int] = None       # programs per row; None: enough to fill the GPU
+    num_warps: int = 1         # round passes and stats / shard kernels
+    scan_warps: int = 4        # the scan
+    row_warps: int = 4         # per-row kernels (select, finish)
+    splits: Optional[int] = None       # programs per row; None: ~16 per SM in all
     block_max_cols: Optional[int] = None   # BB; None: 16..128 from V
 
 
@@ -81,13 +86,13 @@ def _sm_count(index: int) -> int:
 
 
 def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
-    """Programs per row: about 4 per SM in all (so R = 1 still fills the GPU), a power of two."""
+    """Programs per row: about 16 per SM in all (so R = 1 still fills the GPU), a power of two."""
     if cfg.splits is not None:
         return cfg.splits
     if torch.device(device).type != "cuda":
         return 1
     sms = _sm_count(torch.device(device).index or 0)
-    want = _pow2(max(1, (4 * sms) // max(rows, 1)))
+    want = _pow2(max(1, (16 * sms) // max(rows, 1)))
     most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
     return max(1, min(want, most))
 

@@ -157,7 +157,7 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                   st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                   p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
                   NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
     row = tl.program_id(0)
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
@@ -201,7 +201,7 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                              col_offset, scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift,
                              st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, CAP, P, NB,
                              EXACT_EXP)
-    elif stage == HIST:
+    elif ((STAGES & 4) != 0) & (stage == HIST):     # (a HIST row waits when the round left HIST out)
         stage = _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv, st_flags, st_tkey,
                            st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
                            p_mgt, p_hist, NSPLIT, CAP, P, NB)

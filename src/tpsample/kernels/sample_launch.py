@@ -100,26 +100,27 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     scan_kernel[(rows, splits)](x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
                                 ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
                                 nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
-                                num_warps=nw)
+                                num_warps=cfg.scan_warps)
     select_kernel[(rows,)](t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
                            ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
                            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
                            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
-                           EXACT_EXP=exact_exp, num_warps=nw)
+                           EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
     if hints.any_filter:
         scale = float(2.0 ** shift)
         for it in range(MAX_ROUNDS):
+            stages = 7 if it else (3 if hints.any_top_k_or_p else 2)
             round_kernel[(rows, splits)](x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
                                          ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
                                          ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
                                          ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
                                          NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
-                                         NB=cfg.bins, EXACT_EXP=exact_exp, num_warps=nw)
+                                         NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, num_warps=nw)
             finish_kernel[(rows,)](cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                                    ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                                    ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
                                    NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-                                   EXACT_EXP=exact_exp, num_warps=nw)
+                                   EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
             if not hints.any_top_k_or_p or int(ws.pending.item()) == 0:
                 break
         else:

@@ -115,7 +115,9 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                  cand_key, cand_id, cand_n,
                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST); the first round
+    leaves HIST out (rows there wait a round), which keeps that variant's registers low."""
     row = tl.program_id(0)
     if (row == 0) & (tl.program_id(1) == 0):
         tl.store(pending, 0)             # finish_kernel counts the rows still searching
@@ -128,18 +130,18 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
         tkey = tl.load(st_tkey + row)
         flags = tl.load(st_flags + row)
         m = tl.load(st_m + row)
-        if stage == COLLECT:
+        if ((STAGES & 1) != 0) & (stage == COLLECT):
             s_part = _collect(x_ptr, row_off, t, start, end, row, tkey, tl.load(st_klo + row),
                               tl.load(st_khi + row), (flags & NEED_S) != 0, m, scale, one,
                               cand_key, cand_id, cand_n, CAP, BLOCK, EXACT_EXP)
             tl.store(p_mass + part, s_part)
-        elif stage == DRAW:
+        if ((STAGES & 2) != 0) & (stage == DRAW):
             k0 = tl.load(key0_ptr + row).to(tl.uint32)
             k1 = tl.load(key1_ptr + row).to(tl.uint32)
             v, i = _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK)
             tl.store(p_best_v + part, v)
             tl.store(p_best_i + part, i)
-        elif stage == HIST:
+        if ((STAGES & 4) != 0) & (stage == HIST):
             piv = tl.load(st_piv + row * P + tl.arange(0, P))
             cnt, msum, cgt, mgt, hist = _hist(x_ptr, row_off, t, start, end, tkey, tl.load(st_klo + row),
                                               tl.load(st_khi + row), tl.load(st_shift + row), piv, m,

@@ -73,7 +73,8 @@ def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, le
         hm = torch.zeros_like(hc)
         pre = prefix.to(dev, torch.int64).contiguous()
         digit_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, pre, 24 - 8 * level, float(2.0**shift),
-                           1 << shift, hc, hm, WITH_MASS=with_mass, EXACT_EXP=exact_exp, **dict(common, BLOCK=64))
+                           1 << shift, hc, hm, WITH_MASS=with_mass, EXACT_EXP=exact_exp,
+                           **dict(common, BLOCK=64, num_warps=max(4, cfg.num_warps)))
         return hm.view(rows, splits, 256).sum(dim=1), hc.view(rows, splits, 256).sum(dim=1)
     v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
     i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
