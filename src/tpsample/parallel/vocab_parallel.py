@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling.output import LogprobsOutput, unpack
-from ..sampling.reducer import best_of_parts
+from ..sampling.reducer import LocalRows, best_of_parts
 from .collectives import Collectives
 from .common import StepContext, sample_requests
 from .plan import SamplingPlan
@@ -46,7 +46,8 @@ class VocabParallel:
     name = "vocab_parallel"
 
     def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
-        red = ShardReducer(ctx.comm)
+        # at TP=1 the shard is the full row: the full-row path (and its kernels) applies
+        red = ShardReducer(ctx.comm) if ctx.comm.size > 1 else LocalRows()
         block, lp = sample_requests(x, ctx.col_start, plan, ctx, range(plan.num_reqs), red,
                                     plan.grammar_bitmask, ctx.draft_probs, inplace=ctx.inplace)
         return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))

@@ -59,11 +59,13 @@ def min_p_threshold(l: torch.Tensor, min_p: torch.Tensor, red, row_max=None) -> 
 
 def local_top_values(l: torch.Tensor, c: int, rows=None) -> torch.Tensor:
     """[rows, c] largest local values, descending, -inf padded."""
-    x = l if rows is None else l.index_select(0, rows)
-    out = torch.full((x.shape[0], c), NEG_INF, dtype=l.dtype, device=l.device)
-    k = min(c, x.shape[1])
-    if k > 0:
-        out[:, :k] = torch.topk(x, k, dim=1).values
+    n = l.shape[0] if rows is None else rows.numel()
+    out = torch.full((n, c), NEG_INF, dtype=l.dtype, device=l.device)
+    k = min(c, l.shape[1])
+    # row chunks: topk's workspace on CUDA grows with rows x cols
+    for s, t in row_chunks(n, l.shape[1], l.device) if k > 0 else ():
+        x = l[s:t] if rows is None else l.index_select(0, rows[s:t])
+        out[s:t, :k] = torch.topk(x, k, dim=1).values
     return out
 
 

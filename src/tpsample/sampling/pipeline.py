@@ -54,10 +54,11 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     dev = x.device
     copy = not (inplace and x.dtype == torch.float32)
     l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
-    nan_mask = torch.isnan(l)
-    local_nans = nan_mask.sum(dim=1)                                      # 1
-    l.masked_fill_(nan_mask, NEG_INF)
-    del nan_mask
+    local_nans = torch.zeros(b.num_rows, dtype=torch.int64, device=dev)   # 1
+    for s, t in row_chunks(b.num_rows, l.shape[1], dev):
+        nan_mask = torch.isnan(l[s:t])
+        local_nans[s:t] = nan_mask.sum(dim=1)
+        l[s:t].masked_fill_(nan_mask, NEG_INF)
     raw_local = local_argmax(l, col_start)
     if bitmask is not None:                                               # 2
         P.apply_bitmask(l, bitmask, col_start)
