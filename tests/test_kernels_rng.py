@@ -11,8 +11,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from tpsample.kernels import rng_triton  # noqa: E402
-from tpsample.sampling import rng  # noqa: E402
+from tpsample.kernels import rng_triton
+from tpsample.sampling import rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -14,9 +14,9 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from tpsample.kernels import torch_ref  # noqa: E402
-from tpsample.kernels.dispatch import KernelConfig, sample_rows  # noqa: E402
-from tpsample.sampling import rng  # noqa: E402
+from tpsample.kernels import torch_ref
+from tpsample.kernels.dispatch import KernelConfig, sample_rows
+from tpsample.sampling import rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy's inf - inf in masked lanes

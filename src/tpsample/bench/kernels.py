@@ -2,14 +2,16 @@
 
 Matrix: rows x vocab x dtype x logit shape (randn x 3; a peaked Zipf-like row) x configuration
 (greedy; temperature; top-k 50 + top-p 0.9; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
-median of CUDA-event timings after warm-up, the extra peak memory (allocator peak minus the
-baseline with the inputs allocated), and GB/s of one read of the logits against a device copy
+median of CUDA-event timings after warm-up (host launch time included, as a caller sees it),
+the extra memory (allocator peak minus the baseline with the inputs allocated, plus the
+kernels' cached workspace), and GB/s of one read of the logits against a device copy
 bandwidth measured in the same run. Anchors in the same run: plain torch argmax (greedy), a
 torch sort-based top-k/top-p sampler (the usual engine path), and FlashInfer's
 `top_k_top_p_sampling_from_logits` when importable. Prints a table, then one JSON line.
 """
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 
@@ -36,6 +38,8 @@ def add_bench_kernels_args(p) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="rows 1 and 256, vocab 151936, fp32 only")
     p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="also report the kernels' device time alone (torch.profiler; on with --quick)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -88,6 +92,18 @@ def time_cuda(fn, iters: int, warmup: int, device):
     return statistics.median(times), peak
 
 
+def device_time_us(fn, iters: int = 5) -> float:
+    """Sum of the device time of every kernel fn() launches, per call (host gaps excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / iters
+
+
 def copy_bandwidth(device) -> float:
     """GB/s of a device-to-device copy of 1 GiB (bytes read + written)."""
     src = torch.empty(2**28, dtype=torch.float32, device=device)
@@ -104,6 +120,17 @@ def ours(config, x, t, k, p, lmp, key0, key1):
     return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints)
 
 
+@functools.cache
+def flashinfer_sampling():
+    """flashinfer.sampling, or None (said once) when it is absent or does not import."""
+    try:
+        import flashinfer.sampling as fs
+    except Exception as e:  # noqa: BLE001 - absent or incompatible: skip the anchor
+        print(f"flashinfer anchor skipped: {e!r}"[:160])
+        return None
+    return fs
+
+
 def anchors(config, x, t, k, p):
     """name -> callable for the anchors that apply to this configuration."""
     out = {}
@@ -112,12 +139,10 @@ def anchors(config, x, t, k, p):
     elif config in ("topk50_topp0.9", "topp0.9", "temperature"):
         kk = torch.where(k > 0, k, torch.full_like(k, x.shape[1]))
         out["torch_sort"] = lambda: torch_sort_sample(x, t, kk, p)
-        try:
-            import flashinfer.sampling as fs
+        fs = flashinfer_sampling()
+        if fs is not None:
             xf = x.float() / t.unsqueeze(1)
             out["flashinfer"] = lambda: fs.top_k_top_p_sampling_from_logits(xf, kk, p)
-        except Exception:   # noqa: BLE001 - absent or incompatible: skip the anchor
-            pass
     elif config == "logprobs5":
         out["torch_log_softmax_topk"] = lambda: torch.log_softmax(x.float() / t.unsqueeze(1), dim=1).topk(5, dim=1)
     return out
@@ -137,10 +162,15 @@ def run_case(rows, vocab, dtype_name, shape, config, args, bw):
     for name, fn in impls.items():
         try:
             ms, mib = time_cuda(fn, args.iters, args.warmup, dev)
+            if name == "triton" and not CONFIGS[config][4]:   # its workspace is cached across calls: count it
+                from ..kernels.dispatch import KernelConfig
+                from ..kernels.sample_launch import workspace_bytes
+                mib += workspace_bytes(rows, vocab, KernelConfig(), dev) / 2**20
         except Exception as e:  # noqa: BLE001 - report and continue (an anchor may not support a case)
             results.append({"impl": name, "error": repr(e)[:200]})
             continue
-        results.append({"impl": name, "us": round(ms * 1e3, 1), "extra_mib": round(mib, 2),
+        extra = {"device_us": round(device_time_us(fn), 1)} if args.gpu_time else {}
+        results.append({"impl": name, "us": round(ms * 1e3, 1), **extra, "extra_mib": round(mib, 2),
                         "gbps": round(read_gb / (ms / 1e3), 1), "frac_of_copy_bw": round(read_gb / (ms / 1e3) / bw, 3)})
     base = {"rows": rows, "vocab": vocab, "dtype": dtype_name, "shape": shape, "config": config}
     del x
@@ -149,7 +179,7 @@ def run_case(rows, vocab, dtype_name, shape, config, args, bw):
 
 def run_bench_kernels(args) -> list:
     if args.quick:
-        args.rows, args.vocab, args.dtypes = [1, 256], [151936], ["fp32"]
+        args.rows, args.vocab, args.dtypes, args.gpu_time = [1, 256], [151936], ["fp32"], True
     if torch.device(args.device).type != "cuda":
         print(json.dumps({"error": "bench kernels needs a CUDA device"}))
         return []
@@ -175,10 +205,12 @@ def print_table(rows, bw) -> None:
             print(r)
         return
     table = Table(title=f"tpsample kernels (copy bandwidth {bw:.0f} GB/s)")
-    for col in ("rows", "vocab", "dtype", "shape", "config", "impl", "us", "extra MiB", "GB/s", "of copy"):
+    for col in ("rows", "vocab", "dtype", "shape", "config", "impl", "us", "device us", "extra MiB", "GB/s",
+                "of copy"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["rows"]), str(r["vocab"]), r["dtype"], r["shape"], r["config"], r["impl"],
-                      str(r.get("us", r.get("error", ""))), str(r.get("extra_mib", "")), str(r.get("gbps", "")),
+                      str(r.get("us", r.get("error", ""))), str(r.get("device_us", "")), str(r.get("extra_mib", "")),
+                      str(r.get("gbps", "")),
                       str(r.get("frac_of_copy_bw", "")))
     Console(width=160).print(table)

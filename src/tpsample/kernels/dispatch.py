@@ -32,7 +32,6 @@ import functools
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -56,8 +55,11 @@ class KernelConfig:
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
-    splits: Optional[int] = None       # programs per row; None: ~16 per SM in all
-    block_max_cols: Optional[int] = None   # BB; None: 16..128 from V
+    splits: int | None = None       # programs per row; None: ~16 per SM in all
+    block_max_cols: int | None = None   # BB; None: 16..128 from V
+
+
+DEFAULT = KernelConfig()
 
 
 def interpreting() -> bool:
@@ -80,7 +82,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -123,8 +125,8 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
-                vocab_size_global: Optional[int] = None, hints: Optional[RowHints] = None,
-                exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig(), nans_out=None):
+                vocab_size_global: int | None = None, hints: RowHints | None = None,
+                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
     valid [R] bool: False where the guard chose the token). nans_out: optional [R] int64 tensor
     that receives each row's NaN count (counted in the first pass, no extra read of x)."""
@@ -147,7 +149,7 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,
-                  cfg: KernelConfig = KernelConfig()):
+                  cfg: KernelConfig = DEFAULT):
     """Per-row (max [R] fp32, lse [R] fp32, top_vals [R, n] fp32, top_ids [R, n] int64 global)
     of the transform l = fp32(x) (/ T for rows with T != 0 when `temperature` is given; entries
     < `threshold` [R] -> -inf when given, the processed kept-set row; NaN -> -inf).
@@ -158,14 +160,14 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     return mx, lse, tv, ti
 
 
-def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = KernelConfig()):
+def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = DEFAULT):
     """[R] int64: entries of the same transform as logprob_stats strictly greater than values [R]
     (rank of a sampled token = 1 + count_greater(x, its value))."""
     from .stats_launch import launch_stats
     return launch_stats(x, temperature, threshold, values, 0, False, 0, cfg)[5]
 
 
-def row_argmax(x, *, temperature=None, threshold=None, col_offset: int = 0, cfg: KernelConfig = KernelConfig()):
+def row_argmax(x, *, temperature=None, threshold=None, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
     """(max [R] fp32, global id of its first occurrence [R] int64) of the same transform: the
     greedy token, the guard's raw argmax, and the local max of l for vocab-parallel shards."""
     from .stats_launch import launch_stats
@@ -177,8 +179,8 @@ def row_argmax(x, *, temperature=None, threshold=None, col_offset: int = 0, cfg:
 # j is global id col_offset + j; l = fp32(x) / T (rows with T == 0, or temperature None: fp32(x));
 # kept = l >= thr and l > -inf (thr [R] fp32, -inf for none). Combine across ranks as noted.
 
-def shard_mass(x, temperature, m, thr, vocab_size_global: int, *, exact_exp: Optional[bool] = None,
-               cfg: KernelConfig = KernelConfig()):
+def shard_mass(x, temperature, m, thr, vocab_size_global: int, *, exact_exp: bool | None = None,
+               cfg: KernelConfig = DEFAULT):
     """[R] int64: sum over kept local entries of e = trunc(exp(l - m) * 2**shift) (exp(0) = 1),
     m [R] the global max of l. Ranks combine by sum (exact: integers)."""
     from .stats_launch import launch_shard
@@ -187,7 +189,7 @@ def shard_mass(x, temperature, m, thr, vocab_size_global: int, *, exact_exp: Opt
 
 
 def shard_digit_histogram(x, temperature, m, thr, prefix, level: int, vocab_size_global: int, *,
-                          with_mass: bool = True, exact_exp: Optional[bool] = None, cfg: KernelConfig = KernelConfig()):
+                          with_mass: bool = True, exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT):
     """(mass [R, 256] int64, count [R, 256] int64): the kept local entries whose order key matches
     prefix [R] (int64 key bits) above bit low + 8, binned by digit (key >> low) & 255, with
     low = 24 - 8 * level (level 0..3). One level of the exact radix search for v* (masses) or the
@@ -199,7 +201,7 @@ def shard_digit_histogram(x, temperature, m, thr, prefix, level: int, vocab_size
                         cfg=cfg)
 
 
-def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0, cfg: KernelConfig = KernelConfig()):
+def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
     """(value [R] fp32, global id [R] int64): argmax over kept local entries of fp32(l + g(key0,
     key1, global id)), ties -> lowest id; (-inf, col_offset) when nothing is kept. Ranks combine
     by the largest value, ties -> lowest global id."""
@@ -207,5 +209,5 @@ def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0,
     return launch_shard("gumbel", x, temperature, thr=thr, key0=key0, key1=key1, col_offset=col_offset, cfg=cfg)
 
 
-def _exact(x, exact_exp: Optional[bool]) -> bool:
+def _exact(x, exact_exp: bool | None) -> bool:
     return (x.device.type == "cuda" and not interpreting()) if exact_exp is None else exact_exp

@@ -15,7 +15,6 @@ import time
 import torch
 
 from . import dispatch, torch_ref
-from .dispatch import KernelConfig
 
 CONFIGS = {   # (temperature, top_k, top_p, min_p)
     "greedy": (0.0, 0, 1.0, 0.0), "temperature": (0.8, 0, 1.0, 0.0), "topk50_topp0.9": (0.8, 50, 0.9, 0.0),

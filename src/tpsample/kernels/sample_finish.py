@@ -13,10 +13,29 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel
-from .sample_state import COLLECT, DONE, DRAW, FAST, FIRST, HIST, NEED_S, PHASE_TOPP, eligible_key, start_search, \
-    window_shift
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, key_to_float, mass, max_key_with_count, min_key_mass_below, \
-    order_key
+from .sample_state import (
+    COLLECT,
+    DONE,
+    DRAW,
+    FAST,
+    FIRST,
+    HIST,
+    NEED_S,
+    PHASE_TOPP,
+    eligible_key,
+    start_search,
+    window_shift,
+)
+from .tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    key_to_float,
+    mass,
+    max_key_with_count,
+    min_key_mass_below,
+    order_key,
+)
 
 
 @triton.jit

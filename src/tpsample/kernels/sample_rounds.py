@@ -18,10 +18,18 @@ import triton.language as tl
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, noise_bound
 from .sample_state import COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
-from .tlutil import BIG_ID32, KEY_POS_INF, NEG_INF, argmax_pair, chunk_bounds, div_t, key_to_float, mass, order_key, \
-    pair_max
-
-
+from .tlutil import (
+    BIG_ID32,
+    KEY_POS_INF,
+    NEG_INF,
+    argmax_pair,
+    chunk_bounds,
+    div_t,
+    key_to_float,
+    mass,
+    order_key,
+    pair_max,
+)
 
 
 @triton.jit
@@ -41,7 +49,7 @@ def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scal
         l = div_t(fp32_nonan(xr), t)
         xr = xr_next
         elig = l >= t_lo                  # l >= v(tkey) <=> key >= tkey (and -inf never qualifies)
-        sel = (l >= w_lo) & tl.where(no_hi, l == l, l < w_hi)     # klo <= key <= khi, as value bounds
+        sel = (l >= w_lo) & tl.where(no_hi, l >= NEG_INF, l < w_hi)     # klo <= key <= khi, as value bounds
         nsel = tl.sum(sel.to(tl.int32), axis=0)
         if nsel > 0:
             base = tl.atomic_add(cand_n + row, nsel)

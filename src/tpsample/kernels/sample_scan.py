@@ -50,7 +50,7 @@ def acc_argmax(av, ai, v, ids):
 @triton.jit
 def fp32_nonan(xr):
     x = xr.to(tl.float32)
-    return tl.where(x == x, x, NEG_INF)
+    return tl.where(x == x, x, NEG_INF)        # noqa: PLR0124 - a NaN test
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -67,7 +67,7 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     t = tl.load(t_ptr + row)
     k = tl.load(k_ptr + row)
     p = tl.load(p_ptr + row)
-    mode, topk, topp, minp = row_flags(t, k, p, tl.load(lmp_ptr + row), ncols)
+    mode, topk, topp, _ = row_flags(t, k, p, tl.load(lmp_ptr + row), ncols)
     offs = tl.arange(0, TILE)[:, None] * BB + tl.arange(0, BB)[None, :]
     STEP: tl.constexpr = TILE * BB
     rv = tl.full((TILE, BB), NEG_INF, tl.float32)
@@ -87,24 +87,24 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         cols = s + offs
         xr_next = tl.load(xrow + cols + STEP, mask=cols + STEP < end, other=NEG_INF)
         x = xr.to(tl.float32)
-        nanv += (x != x).to(tl.int32)
-        x = tl.where(x == x, x, NEG_INF)
-        if (MODES & 1) != 0:
+        nanv += (x != x).to(tl.int32)                    # noqa: PLR0124 - NaN tests
+        x = tl.where(x == x, x, NEG_INF)                 # noqa: PLR0124
+        if (MODES & 1) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == GREEDY:
                 rv, ri = acc_argmax(rv, ri, x, cols)
         if (MODES & 6) != 0:
             l = div_t(x, t)
-        if (MODES & 4) != 0:
+        if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == FILTER:
                 mxv = tl.maximum(mxv, l)
-        if (MODES & 2) != 0:
+        if (MODES & 2) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == PLAIN:
                 u = uniform_bits(k0, k1, cols + col_offset)
                 cand = (l > NEG_INF) & (noise_bound(l, u) >= best_v)
                 if tl.max(tl.max(cand.to(tl.int32), axis=1), axis=0) > 0:
                     v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                     best_v, best_i = pair_max(best_v, best_i, v, i)
-        if (MODES & 4) != 0:
+        if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if need_bmax:
                 bm = tl.max(l, axis=1)
                 b = s // BB + tl.arange(0, TILE)

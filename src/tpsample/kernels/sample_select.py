@@ -12,8 +12,26 @@ import triton
 import triton.language as tl
 
 from .sample_scan import row_flags
-from .sample_state import COLLECT, DONE, DRAW, FAST, FILTER, GREEDY, NEED_S, PLAIN, eligible_key, start_search
-from .tlutil import NEG_INF, argmax_pair, fexp, key_to_float, max_key_with_count, order_key
+from .sample_state import (
+    COLLECT,
+    DONE,
+    DRAW,
+    FAST,
+    FILTER,
+    GREEDY,
+    NEED_S,
+    PLAIN,
+    eligible_key,
+    start_search,
+)
+from .tlutil import (
+    NEG_INF,
+    argmax_pair,
+    fexp,
+    key_to_float,
+    max_key_with_count,
+    order_key,
+)
 
 
 @triton.jit
@@ -26,7 +44,7 @@ def _block_keys(bmax_ptr, row, nblk, NBP: tl.constexpr):
 @triton.jit
 def kth_block_max(bmax_ptr, row, nblk, k, NBP: tl.constexpr):
     """The k-th largest block maximum (-inf when k > number of blocks)."""
-    bv, keys, valid = _block_keys(bmax_ptr, row, nblk, NBP)
+    _, keys, valid = _block_keys(bmax_ptr, row, nblk, NBP)
     kappa = max_key_with_count(keys, valid, tl.minimum(k, nblk))
     return tl.where(k <= nblk, key_to_float(kappa), NEG_INF)
 

@@ -9,7 +9,16 @@ entries > a per-row value. combine_kernel, grid (rows,): merges the splits (sum-
 import triton
 import triton.language as tl
 
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, fexp, load_x, pair_max
+from .tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    chunk_bounds,
+    div_t,
+    fexp,
+    load_x,
+    pair_max,
+)
 
 
 @triton.jit

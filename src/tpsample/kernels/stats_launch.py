@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .dispatch import KernelConfig, _pow2, num_splits
+from .dispatch import DEFAULT, KernelConfig, _pow2, num_splits
 
 
 def split_shape(x, cfg: KernelConfig):
@@ -52,7 +52,7 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
 
 def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, level: int = 0, shift: int = 62,
                  with_mass: bool = True, key0=None, key1=None, col_offset: int = 0, exact_exp: bool = False,
-                 cfg: KernelConfig = KernelConfig()):
+                 cfg: KernelConfig = DEFAULT):
     """One vocab-parallel partial over the shard x (see shard.py); the splits are combined here."""
     from .shard import digit_kernel, gumbel_kernel, mass_kernel
     if x.stride(1) != 1:
@@ -61,7 +61,8 @@ def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, le
     dev = x.device
     t = _f32(temperature, rows, dev)
     thr = _f32(thr, rows, dev)
-    common = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, HAS_T=temperature is not None, num_warps=cfg.num_warps)
+    common = {"NSPLIT": splits, "CHUNK": chunk, "BLOCK": cfg.block, "HAS_T": temperature is not None,
+              "num_warps": cfg.num_warps}
     grid = (rows, splits)
     if kind == "mass":
         out = torch.empty(rows * splits, dtype=torch.int64, device=dev)
@@ -74,7 +75,7 @@ def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, le
         pre = prefix.to(dev, torch.int64).contiguous()
         digit_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, pre, 24 - 8 * level, float(2.0**shift),
                            1 << shift, hc, hm, WITH_MASS=with_mass, EXACT_EXP=exact_exp,
-                           **dict(common, BLOCK=64, num_warps=max(4, cfg.num_warps)))
+                           **{**common, "BLOCK": 64, "num_warps": max(4, cfg.num_warps)})
         return hm.view(rows, splits, 256).sum(dim=1), hc.view(rows, splits, 256).sum(dim=1)
     v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
     i = torch.empty(rows * splits, dtype=torch.int32, device=dev)

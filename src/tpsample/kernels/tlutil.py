@@ -23,7 +23,7 @@ BIG_ID32 = tl.constexpr(0x7FFFFFFF)        # a local column id larger than any r
 def load_x(x_ptr, row_off, cols, mask):
     """Columns `cols` of a row upcast to fp32, NaN -> -inf (masked lanes: -inf)."""
     x = tl.load(x_ptr + row_off + cols, mask=mask, other=NEG_INF).to(tl.float32)
-    return tl.where(x == x, x, NEG_INF)
+    return tl.where(x == x, x, NEG_INF)        # noqa: PLR0124 - a NaN test
 
 
 @triton.jit

@@ -8,7 +8,6 @@ Must not import Triton.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -35,8 +34,8 @@ def key_to_float(key: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def transform(x: torch.Tensor, temperature: Optional[torch.Tensor] = None,
-              threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
+def transform(x: torch.Tensor, temperature: torch.Tensor | None = None,
+              threshold: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 row transform: x / T (rows with T == 0 or no T: x), NaN -> -inf, l < threshold -> -inf."""
     l = x.float()
     if temperature is not None:
