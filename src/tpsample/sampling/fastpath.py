@@ -41,20 +41,20 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
     if x.stride(1) != 1:
         return None
     try:
-        from ..kernels.dispatch import kernels_available, sample_rows
+        from ..kernels.dispatch import hints_from_params, kernels_available, sample_rows
     except ImportError:
         return None
     if not kernels_available(x.device):
         return None
     from .pipeline import RowResult
     nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)
-    for s, t in row_chunks(b.num_rows, x.shape[1], x.device):
-        nans[s:t] = torch.isnan(x[s:t]).sum(dim=1)
     l = x
     if _uses_processors(b, bitmask):
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
         for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
-            l[s:t].masked_fill_(torch.isnan(l[s:t]), NEG_INF)
+            nan_mask = torch.isnan(l[s:t])
+            nans[s:t] = nan_mask.sum(dim=1)
+            l[s:t].masked_fill_(nan_mask, NEG_INF)
         if bitmask is not None:
             P.apply_bitmask(l, bitmask, col_start)
         P.apply_allowed(l, b.allowed, col_start)
@@ -62,8 +62,12 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
         P.apply_banned(l, b.banned, col_start)
         P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)
     key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
-    tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, torch.log(b.min_p), key0, key1,
-                                col_offset=col_start, vocab_size_global=b.vocab_size)
+    log_min_p = torch.log(b.min_p)
+    # hints from the host-side params: no device sync, and only the code the batch needs
+    hints = hints_from_params(b.temperature, b.top_k, b.top_p, log_min_p, l.shape[1])
+    tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, log_min_p, key0, key1,
+                                col_offset=col_start, vocab_size_global=b.vocab_size, hints=hints,
+                                nans_out=None if l is not x else nans)
     fallback = ~valid
     # a winner at +inf is no finite kept token either: flag it (its token, the lowest +inf id, is
     # already the raw argmax)

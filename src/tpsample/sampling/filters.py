@@ -84,21 +84,24 @@ def _kth(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def top_k_threshold(l: torch.Tensor, top_k: torch.Tensor, k_max: int, red) -> tuple[torch.Tensor, Candidates]:
     """k-th largest value per row (-inf when off or when fewer than k values exist).
 
-    Round 1 gathers each part's top-c1 with c1 about k/parts + 8 (not k): the union's k-th
+    Round 1 gathers each part's top-c1 with c1 about k/parts + 8 (not k + 1): the union's k-th
     value is exact when it is >= the largest c1-th value (every larger value is present, and the
-    union is a subset of the row). Rows without that certificate gather each part's full top-k in
-    a round 2 (rare), whose union always holds the global top-k. Returns the candidates too: they
+    union is a subset of the row). Rows without that certificate gather each part's top-(k + 1)
+    in a round 2 (rare), whose union always holds the global top-k. Returns the candidates too: they
     give the row max (min-p) and, often, everything top-p needs.
     """
     parts = red.num_parts
-    c1 = k_max if parts == 1 else min(k_max, -(-k_max // parts) + 8)
+    # one value past k, so that the completeness bound usually lies strictly below the k-th
+    # value and top-p can run on the candidates alone
+    c_full = k_max + 1
+    c1 = c_full if parts == 1 else min(c_full, -(-k_max // parts) + 8)
     k = top_k.to(l.device)
     cand = _union(red.gather(local_top_values(l, c1)))
     thr = _kth(cand.values, k)
     failed = (k > 0) & (thr < cand.bound)
-    if c1 < k_max and bool(failed.any()):
+    if c1 < c_full and bool(failed.any()):
         rows = failed.nonzero().squeeze(1)
-        full = _union(red.gather(local_top_values(l, k_max, rows)))
+        full = _union(red.gather(local_top_values(l, c_full, rows)))
         thr[rows] = _kth(full.values, k[rows])
         width = max(cand.values.shape[1], full.values.shape[1])
         values = torch.nn.functional.pad(cand.values, (0, width - cand.values.shape[1]), value=NEG_INF)

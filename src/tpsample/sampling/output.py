@@ -41,6 +41,13 @@ def assemble(emitted: torch.Tensor, accepted: torch.Tensor, fallback: torch.Tens
     out = torch.full((num_reqs, max_rows + 4), -1, dtype=torch.int64)
     emitted, accepted = emitted.cpu(), accepted.cpu()
     fallback, num_nans = fallback.cpu(), num_nans.cpu()
+    if all(n == 1 for n in rows_per_req):        # no drafts: one row per request, no walk needed
+        out[:, 0] = emitted
+        out[:, max_rows] = 1
+        out[:, max_rows + 1] = 0
+        out[:, max_rows + 2] = num_nans
+        out[:, max_rows + 3] = fallback.to(torch.int64)
+        return out
     start = 0
     for r, n in enumerate(rows_per_req):
         acc = accepted[start:start + n - 1].tolist()
