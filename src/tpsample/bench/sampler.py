@@ -73,7 +73,8 @@ def run(args) -> list[dict]:
         for i in range(len(cases)):
             row = dict(per_rank[0][i])
             row["tp"] = tp
-            row["peak_bytes"] = max(r[i]["peak_bytes"] for r in per_rank)
+            row["peak_bytes_per_rank"] = [r[i]["peak_bytes"] for r in per_rank]
+            row["peak_bytes"] = max(row["peak_bytes_per_rank"])
             row["bytes"] = max(r[i]["bytes"] for r in per_rank)
             row["ms"] = max(r[i]["ms"] for r in per_rank)
             results.append(row)
