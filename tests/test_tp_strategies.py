@@ -83,7 +83,7 @@ def test_dead_rank_makes_the_others_fail_fast_with_a_message():
 
 
 def test_vocab_parallel_moves_less_and_holds_less_than_the_others():
-    ranks = spawn_ranks(accounting, 2, 20_000, 16, timeout_s=120)
+    ranks = spawn_ranks(accounting, 2, 40_000, 32, timeout_s=120)
     for res in ranks:
         tokens = {s: r[0] for s, r in res.items()}
         assert tokens["replicated"] == tokens["batch_sharded"] == tokens["vocab_parallel"]
