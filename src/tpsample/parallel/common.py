@@ -32,9 +32,6 @@ class MemoryMeter:
         self.current += int(nbytes)
         self.peak = max(self.peak, self.current)
 
-    def release(self, nbytes: int) -> None:
-        self.current -= int(nbytes)
-
     def note(self, nbytes: int) -> None:
         self.peak = max(self.peak, self.current + int(nbytes))
 

@@ -33,9 +33,6 @@ class ShardReducer:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return self.comm.all_gather(x).permute(1, 0, 2)   # [rows, tp, c]
 
-    def cat(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gather(x).reshape(x.shape[0], -1)
-
     def argmax_pair(self, values: torch.Tensor, ids: torch.Tensor):
         packed = torch.stack([values.double(), ids.double()], dim=1)   # ids < 2**53: exact
         parts = self.gather(packed)                      # [rows, tp, 2]

@@ -55,7 +55,6 @@ class RowBatch:
     banned: Optional[SparseRows]         # min_tokens stops and bad words
     seen: Optional[SparseRows]           # prompt+output tokens (for repetition)
     out_counts: Optional[SparseRows]     # output token counts (frequency/presence)
-    greedy_any: bool
     sample_any: bool
     top_k_max: int
     top_p_any: bool
@@ -132,7 +131,7 @@ def build_row_batch(specs: list[RowSpec], vocab_size: int, eos_token_id: Optiona
         draft_tokens=torch.tensor(cols["draft"], dtype=i64),
         bias=_pairs(*bias), allowed=_pairs(*allowed), banned=_pairs(*banned),
         seen=_pairs(*seen), out_counts=_pairs(*outc, dtype=f32),
-        greedy_any=bool((temp == 0).any()), sample_any=bool((temp > 0).any()),
+        sample_any=bool((temp > 0).any()),
         top_k_max=int(top_k.max()) if n else 0, top_p_any=bool((top_p < 1).any()),
         min_p_any=bool((min_p > 0).any()), logprobs_max=int(lp.max()) if n else -1,
     )

@@ -4,7 +4,7 @@ The sampling pipeline never knows whether it holds a full row or a vocab shard. 
 through one of these:
 - `LocalRows`: the row is whole on this rank; every reduction is the identity.
 - `tpsample.parallel.vocab_parallel.ShardReducer`: the row is split by vocabulary across the TP
-  group; reductions are collectives (max, exact integer sums, concatenations).
+  group; reductions are collectives (max, exact integer sums, gathers of small per-part lists).
 Every reduction used is order-independent (max, integer sums, concatenation followed by a
 total-order sort), or, for float sums, only feeds logprob values (tolerance 1e-5), so every
 strategy and TP size yields the same tokens bitwise.
@@ -28,10 +28,6 @@ class LocalRows:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, c] per part -> [rows, parts, c] (part order)."""
         return x.unsqueeze(1)
-
-    def cat(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate [rows, c] parts of all ranks along dim 1 (rank order)."""
-        return x
 
     def argmax_pair(self, values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return values, ids
