@@ -140,11 +140,12 @@ def build_row_batch(specs: list[RowSpec], vocab_size: int, eos_token_id: Optiona
 def _penalty_pairs(i, p: SamplingParams, st: RequestState, extra: tuple, seen, outc) -> None:
     """(row, token) pairs of tokens seen (prompt + output) and output counts, if penalties apply."""
     if p.repetition_penalty != 1.0:
-        for tok in sorted(set(st.prompt_token_ids) | set(st.output_token_ids) | set(extra)):
-            seen[0].append(i), seen[1].append(tok)
+        toks = sorted(st.seen_tokens(extra))
+        seen[0].extend([i] * len(toks))
+        seen[1].extend(toks)
     if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-        counts: dict[int, int] = {}
-        for tok in list(st.output_token_ids) + list(extra):
+        counts = dict(st.output_counts())
+        for tok in extra:
             counts[tok] = counts.get(tok, 0) + 1
         for tok in sorted(counts):
             outc[0].append(i), outc[1].append(tok), outc[2].append(float(counts[tok]))

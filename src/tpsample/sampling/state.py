@@ -23,6 +23,27 @@ class RequestState:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
 
+    _prompt_set: frozenset = field(default=frozenset(), repr=False)
+    _out_counts: dict = field(default_factory=dict, repr=False)
+    _counted: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        self._prompt_set = frozenset(self.prompt_token_ids)
+
+    def output_counts(self) -> dict[int, int]:
+        """Counts of output tokens, updated incrementally as outputs are appended."""
+        out = self.output_token_ids
+        if self._counted > len(out):       # history was rewritten: recount
+            self._out_counts, self._counted = {}, 0
+        for tok in out[self._counted:]:
+            self._out_counts[tok] = self._out_counts.get(tok, 0) + 1
+        self._counted = len(out)
+        return self._out_counts
+
+    def seen_tokens(self, extra=()) -> set[int]:
+        """Prompt + output tokens (+ extra), for the repetition penalty."""
+        return set(self._prompt_set).union(self.output_counts(), extra)
+
     @property
     def num_output(self) -> int:
         return len(self.output_token_ids)
