@@ -49,7 +49,9 @@ def local_top_n(l: torch.Tensor, n: int, col_start: int) -> tuple[torch.Tensor, 
 
 
 def sort_value_desc_id_asc(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    by_id = torch.argsort(ids, dim=1, stable=True)
+    """Order by value descending, then id ascending; padding (id -1) after every real token."""
+    key = torch.where(ids < 0, torch.full_like(ids, torch.iinfo(torch.int64).max), ids)
+    by_id = torch.argsort(key, dim=1, stable=True)
     vals, ids = vals.gather(1, by_id), ids.gather(1, by_id)
     by_val = torch.argsort(vals, dim=1, descending=True, stable=True)
     return vals.gather(1, by_val), ids.gather(1, by_val)

@@ -1,0 +1,108 @@
+"""Property: the pipeline on any column split of a row gives the full row's tokens bitwise
+(and accept decisions, guard flags and logprobs).
+
+Ranks are simulated by threads that meet at a barrier (`ThreadShards`), so hypothesis can fuzz
+vocabulary sizes, uneven splits, ties, -inf columns and every filter combination quickly; the
+real process-group path is covered by test_tp_strategies.py.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpsample import SamplingParams, vocab_shard
+from tpsample.sampling.batch import RowSpec, build_row_batch
+from tpsample.sampling.pipeline import sample_rows
+from tpsample.sampling.reducer import LocalRows, best_of_parts
+from tpsample.sampling.state import RequestState
+
+
+class ThreadShards:
+    """A reducer for one simulated rank; ranks exchange tensors through shared slots."""
+
+    def __init__(self, shared: dict, rank: int, size: int):
+        self.shared, self.rank, self.num_parts = shared, rank, size
+
+    def _exchange(self, x: torch.Tensor) -> list[torch.Tensor]:
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[self.rank] = x.clone()
+        barrier.wait()
+        parts = list(slots)
+        barrier.wait()
+        return parts
+
+    def max(self, x):
+        return torch.stack(self._exchange(x)).amax(dim=0)
+
+    def sum(self, x):
+        return torch.stack(self._exchange(x)).sum(dim=0)
+
+    def gather(self, x):
+        return torch.stack(self._exchange(x), dim=1)
+
+    def argmax_pair(self, values, ids):
+        packed = self.gather(torch.stack([values.double(), ids.double()], dim=1))
+        return best_of_parts(packed[:, :, 0].to(values.dtype), packed[:, :, 1].to(torch.int64))
+
+
+def run_split(x: torch.Tensor, batch, tp: int):
+    vocab = x.shape[1]
+    shared = {"slots": [None] * tp, "barrier": threading.Barrier(tp, timeout=60)}
+    results, errors = [None] * tp, []
+
+    def rank_main(r):
+        try:
+            s, e = vocab_shard(vocab, tp, r)
+            results[r] = sample_rows(x[:, s:e].contiguous(), s, batch, ThreadShards(shared, r, tp))
+        except BaseException as exc:   # surface errors from the thread
+            errors.append(exc)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(tp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+params_strategy = st.builds(
+    lambda t, k, p, mp, seed, lp, rep, bias: SamplingParams(
+        temperature=t, top_k=k, top_p=p, min_p=mp, seed=seed, logprobs=lp,
+        logprobs_mode="processed" if seed % 2 else "raw", repetition_penalty=rep,
+        logit_bias={1: bias} if bias else None, bad_words_token_ids=[[2]] if seed % 3 == 0 else None),
+    t=st.sampled_from([0.0, 0.5, 1.0, 1.7]), k=st.sampled_from([-1, 1, 2, 5, 40]),
+    p=st.sampled_from([1.0, 0.95, 0.6, 0.1]), mp=st.sampled_from([0.0, 0.02, 0.3]),
+    seed=st.integers(0, 2**40), lp=st.sampled_from([None, 0, 3]), rep=st.sampled_from([1.0, 1.5]),
+    bias=st.sampled_from([0.0, 5.0, -3.0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(vocab=st.integers(3, 260), tp=st.integers(2, 5), params=st.lists(params_strategy, min_size=1, max_size=5),
+       data_seed=st.integers(0, 10**6), ties=st.booleans(), holes=st.booleans(), drafts=st.booleans())
+def test_any_column_split_gives_the_full_row_tokens(vocab, tp, params, data_seed, ties, holes, drafts):
+    tp = min(tp, vocab)
+    g = torch.Generator().manual_seed(data_seed)
+    x = torch.randn(len(params), vocab, generator=g) * 3
+    if ties:
+        x = torch.round(x)                                   # many equal values
+    if holes:
+        x[torch.rand(x.shape, generator=g) < 0.3] = float("-inf")
+    # rows may verify a draft token (spec decode): accept test, residual draw
+    draft = [int(d) % vocab if drafts else -1 for d in torch.randint(0, vocab, (len(params),), generator=g)]
+    specs = [RowSpec(RequestState(str(i), i, p, p.seed or 0, [1, 2]), 0, draft[i], ())
+             for i, p in enumerate(params)]
+    batch = build_row_batch(specs, vocab, None)
+    full = sample_rows(x, 0, batch, LocalRows())
+    for part in run_split(x, batch, tp):
+        assert torch.equal(part.emitted, full.emitted)
+        assert torch.equal(part.accepted, full.accepted)
+        assert torch.equal(part.fallback, full.fallback)
+        if full.lp_ids is not None:
+            assert torch.equal(part.lp_ids, full.lp_ids)
+            assert torch.equal(part.lp_ranks, full.lp_ranks)
+            assert torch.allclose(part.lp_vals, full.lp_vals, atol=1e-5, rtol=0, equal_nan=True)
