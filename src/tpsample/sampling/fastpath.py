@@ -47,20 +47,14 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
     if not kernels_available(x.device):
         return None
     from .pipeline import RowResult
-    nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)
+    nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)   # the kernel fills it
     l = x
     if _uses_processors(b, bitmask):
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
-        for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
-            nan_mask = torch.isnan(l[s:t])
-            nans[s:t] = nan_mask.sum(dim=1)
-            l[s:t].masked_fill_(nan_mask, NEG_INF)
+        nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], l.device))
         if bitmask is not None:
             P.apply_bitmask(l, bitmask, col_start)
-        P.apply_allowed(l, b.allowed, col_start)
-        P.apply_bias(l, b.bias, col_start)
-        P.apply_banned(l, b.banned, col_start)
-        P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)
+        P.apply_token_processors(l, b, col_start)
     key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
     log_min_p = torch.log(b.min_p)
     # hints from the host-side params: no device sync, and only the code the batch needs

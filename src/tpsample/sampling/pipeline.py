@@ -54,19 +54,12 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     dev = x.device
     copy = not (inplace and x.dtype == torch.float32)
     l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
-    local_nans = torch.zeros(b.num_rows, dtype=torch.int64, device=dev)   # 1
-    for s, t in row_chunks(b.num_rows, l.shape[1], dev):
-        nan_mask = torch.isnan(l[s:t])
-        local_nans[s:t] = nan_mask.sum(dim=1)
-        l[s:t].masked_fill_(nan_mask, NEG_INF)
+    local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], dev))  # 1
     raw_local = local_argmax(l, col_start)
     if bitmask is not None:                                               # 2
         P.apply_bitmask(l, bitmask, col_start)
     raw = _raw_logprob_rows(l, b)
-    P.apply_allowed(l, b.allowed, col_start)                              # 3
-    P.apply_bias(l, b.bias, col_start)
-    P.apply_banned(l, b.banned, col_start)
-    P.apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)   # 4
+    P.apply_token_processors(l, b, col_start)                             # 3-5
     greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
     if b.sample_any:
         P.apply_temperature(l, b.temperature)                             # 6

@@ -85,3 +85,21 @@ def apply_temperature(l: torch.Tensor, temperature: torch.Tensor) -> None:
     t = temperature.to(l.device)
     t = torch.where(t == 0, torch.ones_like(t), t)
     l.div_(t.unsqueeze(1))
+
+
+def mask_nans(l: torch.Tensor, chunks) -> torch.Tensor:
+    """NaN -> -inf in place, chunk by chunk; returns the per-row NaN counts [rows] int64."""
+    counts = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
+    for s, t in chunks:
+        nan_mask = torch.isnan(l[s:t])
+        counts[s:t] = nan_mask.sum(dim=1)
+        l[s:t].masked_fill_(nan_mask, NEG_INF)
+    return counts
+
+
+def apply_token_processors(l: torch.Tensor, b, col_start: int) -> None:
+    """Steps 3-5 in order: allowed ids, logit bias, banned ids (min_tokens, bad words), penalties."""
+    apply_allowed(l, b.allowed, col_start)
+    apply_bias(l, b.bias, col_start)
+    apply_banned(l, b.banned, col_start)
+    apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)

@@ -45,12 +45,6 @@ def fmix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def split_seed(seed: int) -> tuple[int, int]:
-    """A Python int seed (any sign, any size) as two 32-bit words of its value mod 2**64."""
-    s = seed % (1 << 64)
-    return s & MASK32, s >> 32
-
-
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two 32-bit row keys per row.
 
