@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from tpsample.kernels import rng_triton
-from tpsample.sampling import rng
+from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

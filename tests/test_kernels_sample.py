@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from tpsample.kernels import torch_ref
 from tpsample.kernels.dispatch import KernelConfig, sample_rows
-from tpsample.sampling import rng
+from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy's inf - inf in masked lanes

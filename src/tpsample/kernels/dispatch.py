@@ -6,7 +6,7 @@ is `tpsample.kernels.torch_ref`, and `tpsample.sampling` computes the same on CP
   or upcast as a whole (kernels upcast per block). Column j is global token col_offset + j.
 - Per-row params: temperature [R] fp32 (0 = greedy), top_k [R] int32 (<= 0 or >= V: off),
   top_p [R] fp32 (>= 1: off), log_min_p [R] fp32 (= log(min_p); -inf: off), key0/key1 [R] int64
-  holding uint32 row keys from `sampling.rng.row_keys`.
+  holding uint32 row keys from `tpsample.noise.row_keys`.
 - l = fp32(x) / T with IEEE division; NaN counts as -inf everywhere; -inf is never kept.
   greedy: argmax of fp32(x), ties -> lowest id; valid iff that max > -inf.
   t1 = max(l) + log_min_p (only when min-p is on); t2 = the k-th largest l counting duplicates
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .torch_ref import mass_shift
+from ..numerics import mass_shift
 
 MAX_ROUNDS = 64
 

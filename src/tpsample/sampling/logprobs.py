@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .filters import NEG_INF
+from ..numerics import NEG_INF
 
 
 def log_sum_exp(l: torch.Tensor, red) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .params import SamplingParams
-from .rng import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
+from ..noise import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
 
 NEG = float("-inf")
 
@@ -137,8 +137,8 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         tok = argmax_first(z)
         best = z[tok] if tok >= 0 else NEG
     fallback = not math.isfinite(best)
-    if fallback:
-        tok = argmax_first(raw)
+    if fallback:       # the best grammar-allowed token (the raw row when there is no grammar)
+        tok = argmax_first(masked)
         tok = 0 if tok < 0 else tok
     emitted, accepted = tok, False
     if draft >= 0 and not fallback:

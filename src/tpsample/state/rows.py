@@ -1,0 +1,165 @@
+"""Building a step's RowBatch from the per-slot tables: gathers over slot indices, no row loop.
+
+`RowsView` names the rows (host arrays from the plan). Everything the step needs from the host
+(slot and row indices) goes to the device in one pinned, non-blocking copy (`upload`); the rest
+is gathered on the device. Host decisions (which processors run, filter hints) use the tables'
+host mirrors, so nothing here reads the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .rowbatch import AllowedRows, HostRows, PaddedRows, RowBatch
+
+
+@dataclass(frozen=True)
+class RowsView:
+    """Rows of a step: slots [n], draft offsets [n] (j of row j of its request), the draft token
+    each row verifies [n] (-1 none), and drafts before each row [n, D] (-1 pad; None: no drafts)."""
+    slots: np.ndarray
+    offsets: np.ndarray
+    draft_tokens: np.ndarray
+    drafts_before: Optional[np.ndarray] = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.slots)
+
+    def subset(self, rows: np.ndarray) -> "RowsView":
+        before = None if self.drafts_before is None else self.drafts_before[rows]
+        return RowsView(self.slots[rows], self.offsets[rows], self.draft_tokens[rows], before)
+
+
+def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """int64 host arrays -> device tensors through one pinned, non-blocking copy."""
+    flat = [np.ascontiguousarray(a, dtype=np.int64).reshape(-1) for a in arrays]
+    buf = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64))
+    if device.type == "cuda":
+        buf = buf.pin_memory().to(device, non_blocking=True)
+    out, at = [], 0
+    for a, f in zip(arrays, flat):
+        out.append(buf[at: at + f.size].view(a.shape))
+        at += f.size
+    return out
+
+
+def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
+    from .store import (F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FLAGS, FREQ, MIN_P, MIN_TOKENS,
+                        NUM_LP, PRES, PROCESSED, PROMPT_LEN, REP, SEED, T, TOP_K, TOP_P)
+    slots = rows.slots
+    hf, hi = store.f32.host[:, slots], store.i64.host[:, slots]
+    flags = hi[FLAGS]
+    want = {name: np.flatnonzero(flags & bit) for name, bit in
+            (("bias", F_BIAS), ("allowed", F_ALLOWED), ("bad", F_BAD), ("rep", F_REP), ("freq", F_FREQ))}
+    # rows whose min_tokens may still be unmet: each step emits >= 1 token per request
+    lower = store.history.steps[slots] + rows.offsets
+    want["stops"] = np.flatnonzero((flags & F_STOPS).astype(bool) & (hi[MIN_TOKENS] > lower))
+    wants_lp = hi[NUM_LP] >= 0
+    want["lp_raw"] = np.flatnonzero(wants_lp & (hi[PROCESSED] == 0))
+    want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
+    names = list(want)
+    drafts = rows.drafts_before if rows.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
+    dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names], device)
+    slots_d, offsets_d, draft_d, drafts_d = dev[:4]
+    idx = dict(zip(names, dev[4:]))
+    f32 = store.f32.device_table.index_select(1, slots_d)          # [6, n]
+    i64 = store.i64.device_table.index_select(1, slots_d)          # [7, n]
+    num_out = store.history.num_out.index_select(0, slots_d)
+    host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
+                    processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
+    ctx = _Ctx(store, rows, slots_d, offsets_d, drafts_d, num_out, device)
+    return RowBatch(
+        num_rows=len(slots), vocab_size=store.vocab_size, seeds=i64[SEED], positions=i64[PROMPT_LEN] + num_out + offsets_d,
+        temperature=f32[T], top_k=i64[TOP_K], top_p=f32[TOP_P], min_p=f32[MIN_P], rep=f32[REP], freq=f32[FREQ],
+        pres=f32[PRES], num_logprobs=i64[NUM_LP], processed_logprobs=i64[PROCESSED].bool(), draft_tokens=draft_d,
+        host=host, bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
+        banned=ctx.banned(want["stops"], idx["stops"], i64[MIN_TOKENS], want["bad"], idx["bad"]),
+        seen=ctx.seen(want["rep"], idx["rep"]), out_tokens=ctx.outputs(want["freq"], idx["freq"]),
+        lp_raw_rows=idx["lp_raw"] if len(want["lp_raw"]) else None,
+        lp_proc_rows=idx["lp_proc"] if len(want["lp_proc"]) else None,
+    )
+
+
+class _Ctx:
+    """The gathers behind each sparse field of a RowBatch (only for the rows that use it)."""
+
+    def __init__(self, store, rows: RowsView, slots_d, offsets_d, drafts_d, num_out, device):
+        self.store, self.rows, self.device = store, rows, device
+        self.slots_d, self.offsets_d, self.drafts_d, self.num_out = slots_d, offsets_d, drafts_d, num_out
+        self._seq_cache: dict = {}
+
+    def _table(self, name: str, r_np: np.ndarray, r_d: torch.Tensor) -> torch.Tensor:
+        """[m, longest] int64 rows of a padded table for batch rows r."""
+        table = self.store.padded[name]
+        width = max(1, table.max_length(self.rows.slots[r_np]))
+        return table.table.index_select(0, self.slots_d.index_select(0, r_d))[:, :width]
+
+    def bias(self, r_np, r_d) -> Optional[PaddedRows]:
+        if not len(r_np):
+            return None
+        tok = self._table("bias_tokens", r_np, r_d).to(torch.int64)
+        return PaddedRows(r_d, tok, self._table("bias_values", r_np, r_d))
+
+    def allowed(self, r_np, r_d) -> Optional[AllowedRows]:
+        if not len(r_np):
+            return None
+        table = self.store.padded["allowed"].table
+        return AllowedRows(r_d, table.index_select(0, self.slots_d.index_select(0, r_d)))
+
+    def banned(self, stop_np, stop_d, min_tokens, bad_np, bad_d) -> Optional[tuple[PaddedRows, ...]]:
+        parts = []
+        if len(stop_np):
+            tok = self._table("stops", stop_np, stop_d).to(torch.int64)
+            need = min_tokens.index_select(0, stop_d)
+            done = self.num_out.index_select(0, stop_d) + self.offsets_d.index_select(0, stop_d)
+            parts.append(PaddedRows(stop_d, tok.masked_fill_((done >= need).unsqueeze(1), -1)))
+        if len(bad_np):
+            parts.append(PaddedRows(bad_d, self._bad_word_finals(bad_np, bad_d)))
+        return tuple(parts) or None
+
+    def _sequence(self, r_np, r_d) -> tuple[torch.Tensor, torch.Tensor]:
+        """(history + drafts before the row [m, W] int64 (-1 pad), its length [m]) for rows r."""
+        rows = self.rows
+        width = int(self.store.history.upper[rows.slots[r_np]].max()) if len(r_np) else 0
+        d = 0 if rows.drafts_before is None else rows.drafts_before.shape[1]
+        seq = self.store.history.rows(self.slots_d.index_select(0, r_d), width + d)
+        n = self.num_out.index_select(0, r_d)
+        if d:
+            pos = (n.unsqueeze(1) + torch.arange(d, device=self.device)).clamp(max=width + d - 1)
+            drafts = self.drafts_d.index_select(0, r_d)
+            seq.scatter_(1, pos, torch.where(drafts >= 0, drafts, seq.gather(1, pos)))
+        return seq, n + self.offsets_d.index_select(0, r_d)
+
+    def _bad_word_finals(self, r_np, r_d) -> torch.Tensor:
+        """[m, words] final token of each bad word whose prefix ends the row's history, else -1."""
+        starts = self._table("bad_starts", r_np, r_d).to(torch.int64)
+        lens = self._table("bad_lens", r_np, r_d).to(torch.int64)
+        toks = self._table("bad_tokens", r_np, r_d).to(torch.int64)
+        seq, length = self._sequence(r_np, r_d)
+        m, words = starts.shape
+        t = torch.arange(max(0, int(self.store.bad_longest[self.rows.slots[r_np]].max()) - 1), device=self.device)
+        pre = toks.gather(1, (starts.unsqueeze(2) + t).clamp(0, toks.shape[1] - 1).view(m, -1)).view(m, words, -1)
+        hpos = length.view(m, 1, 1) - (lens.unsqueeze(2) - 1) + t
+        hist = seq.gather(1, hpos.clamp(0, max(seq.shape[1] - 1, 0)).view(m, -1)).view(m, words, -1) \
+            if seq.shape[1] else torch.full_like(pre, -3)
+        need = t < (lens - 1).unsqueeze(2)
+        ok = ~need | ((hpos >= 0) & (hist == pre))
+        match = ok.all(dim=2) & (lens > 0)
+        last = toks.gather(1, (starts + lens - 1).clamp(0, toks.shape[1] - 1))
+        return torch.where(match, last, torch.full_like(last, -1))
+
+    def seen(self, r_np, r_d) -> Optional[PaddedRows]:
+        if not len(r_np):
+            return None
+        seq, _ = self._sequence(r_np, r_d)
+        prompt = self._table("prompt_set", r_np, r_d).to(torch.int64)
+        return PaddedRows(r_d, torch.cat([prompt, seq], dim=1))
+
+    def outputs(self, r_np, r_d) -> Optional[PaddedRows]:
+        if not len(r_np):
+            return None
+        return PaddedRows(r_d, self._sequence(r_np, r_d)[0])
