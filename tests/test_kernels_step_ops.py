@@ -44,8 +44,9 @@ def test_append_kernel_equals_torch_append_over_steps():
         tokens = torch.randint(0, 1000, (4, width), generator=g).to(DEV)
         counts = torch.randint(1, width + 1, (4,), generator=g).to(DEV)
         tokens[torch.arange(width, device=DEV).unsqueeze(0) >= counts.unsqueeze(1)] = -1
-        a.append(slots, tokens, counts)
-        b.append(slots, tokens, counts, kernel=step_ops.append_history)
+        block = torch.cat([tokens, counts.unsqueeze(1)], dim=1)      # strided views, as the sampler passes
+        a.append(slots, block[:, :width], block[:, width])
+        b.append(slots, block[:, :width], block[:, width], kernel=step_ops.append_history)
     assert torch.equal(a.num_out, b.num_out)
     assert torch.equal(a.tokens[:, :-1], b.tokens[:, :-1])        # the scratch column may differ
     assert int(a.num_out.sum()) > 0

@@ -160,6 +160,15 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     return mx, lse, tv, ti
 
 
+def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
+    """One pass over fp32(x) (NaN -> -inf) for the logprobs of sampled tokens whose raw values
+    [R] fp32 are `values`: (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
+    int64 of entries strictly greater than values, i.e. rank - 1)."""
+    from .stats_launch import launch_stats
+    _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg)
+    return lse, tv, ti, cnt
+
+
 def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = DEFAULT):
     """[R] int64: entries of the same transform as logprob_stats strictly greater than values [R]
     (rank of a sampled token = 1 + count_greater(x, its value))."""

@@ -48,12 +48,12 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[t
 
 
 @triton.jit
-def _append_kernel(tok_ptr, tok_stride, num_out_ptr, slot_ptr, new_ptr, new_stride, count_ptr,
+def _append_kernel(tok_ptr, tok_stride, num_out_ptr, slot_ptr, new_ptr, new_stride, count_ptr, count_stride,
                    cap, WIDTH: tl.constexpr):
     i = tl.program_id(0)
     slot = tl.load(slot_ptr + i)
     start = tl.load(num_out_ptr + slot)
-    count = tl.load(count_ptr + i)
+    count = tl.load(count_ptr + i * count_stride)
     j = tl.arange(0, WIDTH)
     new = tl.load(new_ptr + i * new_stride + j, mask=j < count, other=-1)
     dst = start + j
@@ -70,4 +70,4 @@ def append_history(tokens: torch.Tensor, num_out: torch.Tensor, slots: torch.Ten
         return
     width = triton.next_power_of_2(max(1, sampled.shape[1]))
     _append_kernel[(n,)](tokens, tokens.stride(0), num_out, slots, sampled, sampled.stride(0), num_sampled,
-                         tokens.shape[1] - 1, WIDTH=width)
+                         num_sampled.stride(0), tokens.shape[1] - 1, WIDTH=width)

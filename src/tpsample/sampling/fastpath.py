@@ -41,11 +41,11 @@ def hints_from_host(host: HostRows, vocab_size: int):
 
 def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
                   inplace: bool, meter=None, force: bool = False):
-    """force: sample every row as a plain draw, even rows with drafts or logprobs (the caller
-    replaces those rows' results)."""
+    """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
+    caller replaces those rows' results). Raw logprobs come from the kernels."""
     if not _wanted(x) or not isinstance(red, LocalRows) or (draft_probs is not None and not force):
         return None
-    if not force and (b.logprobs_max >= 0 or b.drafts_any):
+    if not force and (b.lp_proc_rows is not None or b.drafts_any):
         return None
     if x.stride(1) != 1:
         return None
@@ -56,13 +56,18 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
     if not kernels_available(x.device):
         return None
     nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)   # the kernel fills it
-    l, guard = x, None
+    l, guard, raw = x, None, None
     if b.uses_processors or bitmask is not None:
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
         nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], l.device))
         if bitmask is not None:
             P.apply_bitmask(l, bitmask, col_start)
         guard = local_argmax(l, col_start)         # the best grammar-allowed token, for the guard
+        if b.lp_raw_rows is not None:
+            if b.uses_processors:                  # raw logprobs see the row before steps 3-5
+                raw = l.clone()
+            else:
+                raw = l
         P.apply_token_processors(l, b, col_start)
     key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
     log_min_p = torch.log(b.min_p)
@@ -77,4 +82,27 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
     if guard is not None:
         tokens = torch.where(fallback, guard_tokens(*guard), tokens)
     accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
-    return RowResult(tokens, accepted, fallback, nans)
+    res = RowResult(tokens, accepted, fallback, nans)
+    if b.lp_raw_rows is not None:
+        res.lp_ids, res.lp_vals, res.lp_ranks = _raw_logprobs(raw if raw is not None else x, tokens, b, col_start)
+    return res
+
+
+def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):
+    """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
+    streaming pass (log-sum-exp, top-n, the count above the sampled token): no [rows, V] buffer."""
+    from ..kernels.dispatch import token_logprob_stats
+    from .logprobs import finite_logprobs
+    n = b.logprobs_max
+    local = (tokens - col_start).clamp(0, l_raw.shape[1] - 1)
+    v = l_raw.gather(1, local.unsqueeze(1)).squeeze(1).float()
+    v = torch.where(torch.isnan(v), torch.full_like(v, float("-inf")), v)
+    lse, top_v, top_i, above = token_logprob_stats(l_raw, v, n, col_offset=col_start)
+    ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
+    vals = finite_logprobs(ids, torch.cat([v.unsqueeze(1), top_v], dim=1), lse)
+    want = torch.zeros(b.num_rows, dtype=torch.bool, device=tokens.device).index_fill_(0, b.lp_raw_rows, True)
+    per_row = b.num_logprobs.clamp(min=0)
+    drop = ~want.unsqueeze(1) | (torch.arange(1 + n, device=ids.device).unsqueeze(0) > per_row.unsqueeze(1))
+    ids = ids.masked_fill(drop, -1)
+    vals = vals.masked_fill(drop, float("-inf"))
+    return ids, vals, torch.where(want, above + 1, torch.zeros_like(above))

@@ -107,6 +107,8 @@ def log_softmax(l: list[float]) -> list[float]:
     m = max(l)
     if m == NEG:
         return [NEG] * len(l)
+    if m == math.inf:                  # +inf logits hold the whole mass: 0 for them, -inf elsewhere
+        return [0.0 if v == math.inf else NEG for v in l]
     z = math.log(sum(math.exp(v - m) for v in l if v > NEG)) + m
     return [v - z if v > NEG else NEG for v in l]
 

@@ -1,8 +1,9 @@
 """Which path samples a block of rows: the fused kernels, the torch pipeline, or both.
 
 `sample_batch` gives the same `RowResult` whichever path runs (the kernels implement the same
-thresholds and noise). Full rows on a kernel device go through the kernels; rows that verify
-drafts or want logprobs then go through the torch pipeline on a copy of just those rows. Shards
+thresholds and noise). Full rows on a kernel device go through the kernels (raw logprobs
+included); rows that verify drafts or want processed logprobs then go through the torch pipeline
+on a copy of just those rows. Shards
 (vocab-parallel) and devices without kernels take the torch pipeline for every row.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ def sample_batch(x: torch.Tensor, col_start: int, b: RowBatch, batch_of: Callabl
                  meter=None, inplace: bool = False) -> RowResult:
     """batch_of(rows): the RowBatch of a subset of b's rows (host indices), for the split."""
     if _wanted(x) and isinstance(red, LocalRows):
-        slow = np.flatnonzero(b.host.has_draft | (b.host.num_logprobs >= 0))
+        slow = np.flatnonzero(b.host.has_draft | ((b.host.num_logprobs >= 0) & b.host.processed))
         if len(slow) == 0 and draft_probs is None:
             res = try_fast_path(x, col_start, b, red, bitmask, None, inplace, meter)
         else:
@@ -59,8 +60,9 @@ def _merge(res: RowResult, part: RowResult, idx: torch.Tensor, width_n: int) -> 
     if part.lp_ids is not None:
         n_rows, w = res.emitted.shape[0], 1 + width_n
         dev = res.emitted.device
-        res.lp_ids = torch.full((n_rows, w), -1, dtype=torch.int64, device=dev)
-        res.lp_vals = torch.full((n_rows, w), NEG_INF, device=dev)
-        res.lp_ranks = torch.zeros(n_rows, dtype=torch.int64, device=dev)
+        if res.lp_ids is None:            # else the kernels' raw logprobs of the other rows stay
+            res.lp_ids = torch.full((n_rows, w), -1, dtype=torch.int64, device=dev)
+            res.lp_vals = torch.full((n_rows, w), NEG_INF, device=dev)
+            res.lp_ranks = torch.zeros(n_rows, dtype=torch.int64, device=dev)
         pw = part.lp_ids.shape[1]
         res.lp_ids[idx, :pw], res.lp_vals[idx, :pw], res.lp_ranks[idx] = part.lp_ids, part.lp_vals, part.lp_ranks
