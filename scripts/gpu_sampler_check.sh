@@ -13,8 +13,8 @@ fi
 # full-size kernel correctness (tokens vs the torch reference on the GPU)
 timeout 240 python3 -m tpsample.kernels.gpu_check > "$OUT/gpu_check.log" 2>&1; echo "gpu_check rc=$?"; tail -3 "$OUT/gpu_check.log"
 # sampler paths on CUDA
-TPSAMPLE_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -x -m "gpu or not gpu" tests/test_kernels_step_ops.py \
-    tests/test_kernels_sample.py tests/test_fastpath.py -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+timeout 300 python3 -m pytest -q -m "gpu or not gpu" tests/test_sampler_cuda.py tests/test_kernels_step_ops.py \
+    tests/test_kernels_sample.py tests/test_kernels_stats.py -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$?"; tail -3 "$OUT/pytest_gpu.log"
 timeout 300 python3 -m tpsample.cli bench sampler --compare --rows 256 1024 --vocab 151936 --steps 20 \
     > "$OUT/compare.log" 2>&1; echo "compare rc=$?"; cat "$OUT/compare.log" | tail -40

@@ -50,3 +50,18 @@ def test_append_kernel_equals_torch_append_over_steps():
     assert torch.equal(a.num_out, b.num_out)
     assert torch.equal(a.tokens[:, :-1], b.tokens[:, :-1])        # the scratch column may differ
     assert int(a.num_out.sum()) > 0
+
+
+def test_mask_nans_kernel_equals_torch_and_counts_per_row():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 3000, generator=g)
+    x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")
+    x[2] = float("nan")
+    x[3, :10] = float("inf")
+    ref = x.clone()
+    ref_counts = torch.isnan(ref).sum(dim=1)
+    ref[torch.isnan(ref)] = float("-inf")
+    got = x.to(DEV).clone()
+    counts = step_ops.mask_nans_(got)
+    assert torch.equal(got.cpu(), ref) and torch.equal(counts.cpu(), ref_counts)
+    assert int(ref_counts[2]) == 3000

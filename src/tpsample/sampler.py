@@ -194,7 +194,7 @@ class Sampler:
         base = self._start_profile(dev)
         result = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
         m = plan.max_rows
-        slots_dev = torch.from_numpy(plan.slots).to(dev, non_blocking=True)
+        slots_dev = plan.device_array("slots", plan.slots, dev)
         store.append(slots_dev, result.block[:, :m], result.block[:, m], append_kernel(dev))
         store.history.note_step(plan.slots, plan.rows_per_req)
         peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
@@ -202,6 +202,13 @@ class Sampler:
                                     comm.stats.num_collectives, int(peak),
                                     local_logits.numel() * local_logits.element_size())
         return SamplerOutput(result.block, m, result.logprobs)
+
+    def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
+        """Record a plain decode step (no drafts, logprobs or grammar mask) of `sample` for this
+        plan and this logits buffer in a CUDA graph; `.replay()` then samples the buffer's current
+        contents with the same tokens an eager `sample` gives (see `tpsample.capture`)."""
+        from .capture import CapturedStep
+        return CapturedStep(self, plan, logits, reserve_tokens)
 
     def output_token_ids(self, req_id: str) -> list[int]:
         """The tokens a request has emitted so far (reads the device: not for hot paths)."""

@@ -57,7 +57,8 @@ class BatchSharded:
                                     inplace=ctx.inplace or comm.size > 1)
         max_own = max(len(o) for o in plan.owned_reqs)
         gathered = comm.all_gather(pad_rows(block, max_own))                   # [tp, max_own, w]
-        out = gathered.reshape(-1, block.shape[1]).index_select(0, _index(plan.gather_index, block.device))
+        out = gathered.reshape(-1, block.shape[1]).index_select(0, plan.device_array("gather", plan.gather_index,
+                                                                                      block.device))
         logprobs = None if lp is None else self._gather_logprobs(lp, plan, ctx)
         return StepResult(out, logprobs)
 

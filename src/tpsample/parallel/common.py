@@ -67,8 +67,10 @@ def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: St
     b = ctx.store.row_batch(view, dev)
     res = sample_batch(x, col_start, b, lambda rows: ctx.store.row_batch(view.subset(rows), dev), red,
                        bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter, inplace=inplace)
-    rows_per_req = plan.rows_per_req if req_indices is None else plan.rows_per_req[req_indices]
-    layout = RequestRows.build(rows_per_req, plan.max_rows, dev) if plan.has_drafts else None
+    layout = None
+    if plan.has_drafts:
+        rows_per_req = plan.rows_per_req if req_indices is None else plan.rows_per_req[req_indices]
+        layout = RequestRows.build(rows_per_req, plan.max_rows, dev)
     block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, layout, plan.max_rows)
     lp = None
     if plan.logprobs_width > 0:

@@ -50,6 +50,7 @@ class SamplingPlan:
     sampler_uid: int = 0               # the sampler that built it
     vocab_size: int = 0
     _fingerprint: list = field(default_factory=list, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)      # views and device copies, reused
 
     @property
     def num_reqs(self) -> int:
@@ -71,7 +72,26 @@ class SamplingPlan:
         return self.row_start[reps] + within
 
     def rows_view(self, req_indices: Optional[np.ndarray] = None) -> RowsView:
-        """The RowsView of the given requests' rows (all requests when None)."""
+        """The RowsView of the given requests' rows (all requests when None); cached, so a plan
+        reused across steps uploads its indices once."""
+        key = ("view", None if req_indices is None else np.asarray(req_indices).tobytes())
+        view = self._cache.get(key)
+        if view is None:
+            view = self._cache[key] = self._rows_view(req_indices)
+        return view
+
+    def device_array(self, name: str, values: np.ndarray, device) -> torch.Tensor:
+        """An int64 host array of this plan on `device`, copied once and cached."""
+        key = (name, str(device))
+        t = self._cache.get(key)
+        if t is None:
+            t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+            if torch.device(device).type == "cuda":
+                t = t.pin_memory()
+            t = self._cache[key] = t.to(device, non_blocking=True)
+        return t
+
+    def _rows_view(self, req_indices: Optional[np.ndarray]) -> RowsView:
         reqs = np.arange(self.num_reqs) if req_indices is None else np.asarray(req_indices, dtype=np.int64)
         n = self.rows_per_req[reqs]
         row_req = np.repeat(reqs, n)

@@ -35,3 +35,12 @@ def append_kernel(device: torch.device):
         return None
     from ..kernels.step_ops import append_history
     return append_history
+
+
+def mask_nans_kernel(device: torch.device):
+    """The in-place NaN -> -inf kernel for `device`, or None (torch ops then)."""
+    probe = torch.empty(0, device=device)
+    if not _kernel_ok(probe):
+        return None
+    from ..kernels.step_ops import mask_nans_
+    return mask_nans_

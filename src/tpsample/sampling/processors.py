@@ -113,7 +113,13 @@ def apply_temperature(l: torch.Tensor, temperature: torch.Tensor) -> None:
 
 
 def mask_nans(l: torch.Tensor, chunks) -> torch.Tensor:
-    """NaN -> -inf in place, chunk by chunk; returns the per-row NaN counts [rows] int64."""
+    """NaN -> -inf in place, chunk by chunk; returns the per-row NaN counts [rows] int64.
+    On a kernel device one streaming kernel does it (no temporaries, one launch)."""
+    if l.stride(1) == 1 and l.dtype == torch.float32:
+        from .keys import mask_nans_kernel
+        kernel = mask_nans_kernel(l.device)
+        if kernel is not None:
+            return kernel(l)
     counts = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
     for s, t in chunks:
         nan_mask = torch.isnan(l[s:t])

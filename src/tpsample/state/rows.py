@@ -7,7 +7,7 @@ host mirrors, so nothing here reads the device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -24,6 +24,7 @@ class RowsView:
     offsets: np.ndarray
     draft_tokens: np.ndarray
     drafts_before: Optional[np.ndarray] = None
+    cache: dict = field(default_factory=dict, compare=False, repr=False)   # per device: uploads
 
     @property
     def num_rows(self) -> int:
@@ -47,36 +48,51 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
     return out
 
 
-def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
-    from .store import (F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FLAGS, FREQ, MIN_P, MIN_TOKENS,
-                        NUM_LP, PRES, PROCESSED, PROMPT_LEN, REP, SEED, T, TOP_K, TOP_P)
+def _static_part(store, rows: RowsView, device: torch.device) -> dict:
+    """What depends only on the rows (fixed for a plan): host parameters, which rows use which
+    processor, and their indices on the device (one upload, cached on the view)."""
+    from .store import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FLAGS, MIN_P, NUM_LP, PROCESSED, T, TOP_K, TOP_P
     slots = rows.slots
     hf, hi = store.f32.host[:, slots], store.i64.host[:, slots]
     flags = hi[FLAGS]
     want = {name: np.flatnonzero(flags & bit) for name, bit in
             (("bias", F_BIAS), ("allowed", F_ALLOWED), ("bad", F_BAD), ("rep", F_REP), ("freq", F_FREQ))}
-    # rows whose min_tokens may still be unmet: each step emits >= 1 token per request
-    lower = store.history.steps[slots] + rows.offsets
-    want["stops"] = np.flatnonzero((flags & F_STOPS).astype(bool) & (hi[MIN_TOKENS] > lower))
     wants_lp = hi[NUM_LP] >= 0
     want["lp_raw"] = np.flatnonzero(wants_lp & (hi[PROCESSED] == 0))
     want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
     names = list(want)
     drafts = rows.drafts_before if rows.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
     dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names], device)
-    slots_d, offsets_d, draft_d, drafts_d = dev[:4]
-    idx = dict(zip(names, dev[4:]))
+    host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
+                    processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
+    return {"host": host, "want": want, "idx": dict(zip(names, dev[4:])), "slots": dev[0], "offsets": dev[1],
+            "draft": dev[2], "drafts": dev[3], "stops_any": bool((flags & F_STOPS).any())}
+
+
+def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
+    from .store import (F_STOPS, FLAGS, FREQ, MIN_P, MIN_TOKENS, NUM_LP, PRES, PROCESSED, PROMPT_LEN, REP, SEED,
+                        T, TOP_K, TOP_P)
+    c = rows.cache.get(device)
+    if c is None:
+        c = rows.cache[device] = _static_part(store, rows, device)
+    want, idx = dict(c["want"]), dict(c["idx"])
+    want["stops"] = np.zeros(0, np.int64)
+    if c["stops_any"]:      # rows whose min_tokens may still be unmet: each step emits >= 1 token
+        hi = store.i64.host[:, rows.slots]
+        lower = store.history.steps[rows.slots] + rows.offsets
+        want["stops"] = np.flatnonzero((hi[FLAGS] & F_STOPS).astype(bool) & (hi[MIN_TOKENS] > lower))
+    idx["stops"] = upload([want["stops"]], device)[0] if len(want["stops"]) else None
+    slots_d, offsets_d = c["slots"], c["offsets"]
     f32 = store.f32.device_table.index_select(1, slots_d)          # [6, n]
     i64 = store.i64.device_table.index_select(1, slots_d)          # [7, n]
     num_out = store.history.num_out.index_select(0, slots_d)
-    host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
-                    processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
-    ctx = _Ctx(store, rows, slots_d, offsets_d, drafts_d, num_out, device)
+    ctx = _Ctx(store, rows, slots_d, offsets_d, c["drafts"], num_out, device)
     return RowBatch(
-        num_rows=len(slots), vocab_size=store.vocab_size, seeds=i64[SEED], positions=i64[PROMPT_LEN] + num_out + offsets_d,
-        temperature=f32[T], top_k=i64[TOP_K], top_p=f32[TOP_P], min_p=f32[MIN_P], rep=f32[REP], freq=f32[FREQ],
-        pres=f32[PRES], num_logprobs=i64[NUM_LP], processed_logprobs=i64[PROCESSED].bool(), draft_tokens=draft_d,
-        host=host, bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
+        num_rows=len(rows.slots), vocab_size=store.vocab_size, seeds=i64[SEED],
+        positions=i64[PROMPT_LEN] + num_out + offsets_d, temperature=f32[T], top_k=i64[TOP_K], top_p=f32[TOP_P],
+        min_p=f32[MIN_P], rep=f32[REP], freq=f32[FREQ], pres=f32[PRES], num_logprobs=i64[NUM_LP],
+        processed_logprobs=i64[PROCESSED] != 0, draft_tokens=c["draft"], host=c["host"],
+        bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
         banned=ctx.banned(want["stops"], idx["stops"], i64[MIN_TOKENS], want["bad"], idx["bad"]),
         seen=ctx.seen(want["rep"], idx["rep"]), out_tokens=ctx.outputs(want["freq"], idx["freq"]),
         lp_raw_rows=idx["lp_raw"] if len(want["lp_raw"]) else None,
