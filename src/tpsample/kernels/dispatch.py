@@ -128,7 +128,8 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
                 exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
-    valid [R] bool: False where the guard chose the token). nans_out: optional [R] int64 tensor
+    valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
+    [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
     that receives each row's NaN count (counted in the first pass, no extra read of x)."""
     from .sample_launch import launch_sample
     rows, cols = x.shape

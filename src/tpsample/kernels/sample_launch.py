@@ -133,6 +133,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                   ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
                   NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, num_warps=cfg.row_warps)
+    if isinstance(nans_out, str) and nans_out == "partials":
+        return token, valid, ws.nans.view(rows, splits)
     if nans_out is not None:
         nans_out.copy_(ws.nans.view(rows, splits).sum(dim=1))
     return token, valid

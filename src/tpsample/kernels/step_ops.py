@@ -4,6 +4,11 @@
   (same bits; uint32 arithmetic wraps as the torch version's 16-bit halves emulate).
 - `append_history(tokens, num_out, slots, sampled, num_sampled)`: each request's emitted tokens
   appended to its slot's history row, and its count advanced (`state.history.History.append`).
+- `prepare_rows(...)`: a step's per-row kernel inputs gathered from the per-slot tables (T,
+  top-k, top-p, log(min-p)) and the draw's row keys from (seed, position), in one launch.
+- `finalize_rows(...)`: the packed per-request block (token, 1, 0, NaN count, guard flag) of a
+  step without drafts from the kernels' outputs (+inf winners flagged, the guard's token when
+  given), in one launch.
 - `mask_nans_(l)`: NaN -> -inf in place on fp32 rows, returning each row's NaN count (the torch
   version needs row chunks to bound its boolean temporaries: dozens of launches at 256 x 152k).
 The torch versions stay the reference and the CPU path; tests compare them under the
@@ -110,3 +115,81 @@ def mask_nans_(l: torch.Tensor) -> torch.Tensor:
         chunk = block * max(1, triton.cdiv(triton.cdiv(cols, block), 8))
         _MASK_NANS((rows, triton.cdiv(cols, chunk)), l, l.stride(0), cols, counts, CHUNK=chunk, BLOCK=block)
     return counts
+
+
+@triton.jit
+def _prepare_kernel(f32_ptr, f32_stride, i64_ptr, i64_stride, num_out_ptr, slot_ptr, off_ptr, n, salt,
+                    t_out, k_out, p_out, lmp_out, k0_out, k1_out,
+                    T: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, SEED: tl.constexpr,
+                    TOP_K: tl.constexpr, PROMPT_LEN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    slot = tl.load(slot_ptr + offs, mask=ok, other=0)
+    tl.store(t_out + offs, tl.load(f32_ptr + T * f32_stride + slot, mask=ok), mask=ok)
+    tl.store(p_out + offs, tl.load(f32_ptr + TOP_P * f32_stride + slot, mask=ok), mask=ok)
+    tl.store(lmp_out + offs, tl.log(tl.load(f32_ptr + MIN_P * f32_stride + slot, mask=ok, other=1.0)), mask=ok)
+    tl.store(k_out + offs, tl.load(i64_ptr + TOP_K * i64_stride + slot, mask=ok).to(tl.int32), mask=ok)
+    seed = tl.load(i64_ptr + SEED * i64_stride + slot, mask=ok, other=0)
+    pos = tl.load(i64_ptr + PROMPT_LEN * i64_stride + slot, mask=ok, other=0) \
+        + tl.load(num_out_ptr + slot, mask=ok, other=0) + tl.load(off_ptr + offs, mask=ok, other=0)
+    h = fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ salt.to(tl.uint32))
+    h = fmix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h = fmix32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+    k0 = fmix32(h ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    tl.store(k0_out + offs, k0.to(tl.int64), mask=ok)
+    tl.store(k1_out + offs, fmix32(k0 ^ ROW_KEY1_SALT).to(tl.int64), mask=ok)
+
+
+_PREPARE = Launcher(_prepare_kernel)
+
+
+def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, columns: dict):
+    """(temperature fp32, top_k int32, top_p fp32, log(min_p) fp32, key0, key1 int64), each [n],
+    for rows whose slots / draft offsets are given; tables are [params, slots] (state tables)."""
+    n = slots.shape[0]
+    dev = slots.device
+    t, p, lmp = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(3))
+    k = torch.empty(n, dtype=torch.int32, device=dev)
+    k0, k1 = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int64, device=dev)
+    if n:
+        block = 256
+        _PREPARE((triton.cdiv(n, block),), f32_table, f32_table.stride(0), i64_table, i64_table.stride(0), num_out,
+                 slots, offsets, n, salt & 0xFFFFFFFF, t, k, p, lmp, k0, k1, BLOCK=block, **columns)
+    return t, k, p, lmp, k0, k1
+
+
+@triton.jit
+def _finalize_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, col_offset, nans_ptr, gv_ptr, gi_ptr, out_ptr,
+                     NSPLIT: tl.constexpr, HAS_GUARD: tl.constexpr):
+    row = tl.program_id(0)
+    tok = tl.load(tok_ptr + row)
+    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
+    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
+    fallback = (tl.load(valid_ptr + row) == 0) | (v == float("inf"))
+    if HAS_GUARD:
+        gv = tl.load(gv_ptr + row)
+        guard = tl.where((gv > float("-inf")) & (gv == gv), tl.load(gi_ptr + row), 0)
+        tok = tl.where(fallback, guard, tok)
+    nans = tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0)
+    base = out_ptr + row * 5
+    tl.store(base, tok)
+    tl.store(base + 1, 1)
+    tl.store(base + 2, 0)
+    tl.store(base + 3, nans)
+    tl.store(base + 4, fallback.to(tl.int64))
+
+
+_FINALIZE = Launcher(_finalize_kernel)
+
+
+def finalize_rows(tokens, valid, x, col_offset: int, nans, guard=None) -> torch.Tensor:
+    """[R, 5] int64 (token, 1, 0, NaN count, guard flag): nans [R, splits] per-split counts;
+    guard: optional (value [R] fp32, id [R] int64) taken where the row had no finite kept token."""
+    rows = tokens.shape[0]
+    out = torch.empty((rows, 5), dtype=torch.int64, device=tokens.device)
+    if rows:
+        gv, gi = guard if guard is not None else (tokens, tokens)
+        nans = nans.contiguous()
+        _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], col_offset, nans, gv, gi, out,
+                  NSPLIT=nans.shape[1], HAS_GUARD=guard is not None)
+    return out

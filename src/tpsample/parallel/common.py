@@ -71,7 +71,10 @@ def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: St
     if plan.has_drafts:
         rows_per_req = plan.rows_per_req if req_indices is None else plan.rows_per_req[req_indices]
         layout = RequestRows.build(rows_per_req, plan.max_rows, dev)
-    block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, layout, plan.max_rows)
+    if layout is None and res.block is not None:      # the kernels packed it already
+        block = res.block
+    else:
+        block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, layout, plan.max_rows)
     lp = None
     if plan.logprobs_width > 0:
         lp = pad_logprobs(res, view.num_rows, plan.logprobs_width, dev)

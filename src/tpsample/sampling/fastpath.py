@@ -14,10 +14,9 @@ import os
 import torch
 
 from ..noise import SALT_DRAW
-from .keys import row_keys
 from ..state.rowbatch import HostRows, RowBatch
 from . import processors as P
-from .draw import guard_tokens, local_argmax
+from .draw import local_argmax
 from .filters import row_chunks
 from .reducer import LocalRows
 from .result import RowResult
@@ -55,8 +54,7 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
         return None
     if not kernels_available(x.device):
         return None
-    nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)   # the kernel fills it
-    l, guard, raw = x, None, None
+    l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
     if b.uses_processors or bitmask is not None:
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
         nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], l.device))
@@ -69,20 +67,21 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
             else:
                 raw = l
         P.apply_token_processors(l, b, col_start)
-    key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
-    log_min_p = torch.log(b.min_p)
-    tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, log_min_p, key0, key1,
-                                col_offset=col_start, vocab_size_global=b.vocab_size,
-                                hints=hints_from_host(b.host, b.vocab_size),
-                                nans_out=None if l is not x else nans)
-    fallback = ~valid
-    # a winner at +inf is no finite kept token either: flag it (its token, the lowest +inf id, is
-    # the guard's choice already when the kernel ran on the caller's logits)
-    fallback |= l.gather(1, (tokens - col_start).clamp(0, l.shape[1] - 1).unsqueeze(1)).squeeze(1) == float("inf")
-    if guard is not None:
-        tokens = torch.where(fallback, guard_tokens(*guard), tokens)
+    from ..kernels.step_ops import finalize_rows, prepare_rows
+    src = b.source
+    cols = {"T": src.columns["temperature"], "TOP_P": src.columns["top_p"], "MIN_P": src.columns["min_p"],
+            "SEED": src.columns["seed"], "TOP_K": src.columns["top_k"], "PROMPT_LEN": src.columns["prompt_len"]}
+    t, k, p, log_min_p, key0, key1 = prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
+                                                  SALT_DRAW, cols)
+    tokens, valid, nan_parts = sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
+                                           vocab_size_global=b.vocab_size,
+                                           hints=hints_from_host(b.host, b.vocab_size), nans_out="partials")
+    # a winner at +inf is no finite kept token either: the block flags it (its token, the lowest
+    # +inf id, is the guard's choice already when the kernel ran on the caller's logits)
+    block = finalize_rows(tokens, valid, l, col_start, nan_parts if l is x else nans.view(-1, 1), guard)
     accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
-    res = RowResult(tokens, accepted, fallback, nans)
+    res = RowResult(block[:, 0], accepted, block[:, 4], block[:, 3], block=block)
+    tokens = res.emitted
     if b.lp_raw_rows is not None:
         res.lp_ids, res.lp_vals, res.lp_ranks = _raw_logprobs(raw if raw is not None else x, tokens, b, col_start)
     return res

@@ -16,3 +16,5 @@ class RowResult:
     lp_ids: Optional[torch.Tensor] = None    # [rows, 1 + n] int64
     lp_vals: Optional[torch.Tensor] = None   # [rows, 1 + n] fp32
     lp_ranks: Optional[torch.Tensor] = None  # [rows] int64
+    block: Optional[torch.Tensor] = None     # [rows, 5] packed (one row per request, no drafts):
+                                             # emitted, num_nans and fallback are views into it

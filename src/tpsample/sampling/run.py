@@ -56,7 +56,7 @@ def _split(x, col_start, b, batch_of, red, bitmask, draft_probs, meter, inplace,
 
 def _merge(res: RowResult, part: RowResult, idx: torch.Tensor, width_n: int) -> None:
     res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted
-    res.fallback[idx], res.num_nans[idx] = part.fallback, part.num_nans
+    res.fallback[idx], res.num_nans[idx] = part.fallback.to(res.fallback.dtype), part.num_nans
     if part.lp_ids is not None:
         n_rows, w = res.emitted.shape[0], 1 + width_n
         dev = res.emitted.device

@@ -46,29 +46,88 @@ class HostRows:
 
 
 @dataclass(frozen=True)
+class RowSource:
+    """Where a batch's per-row parameters live: the per-slot tables ([params, slots] fp32 and
+    int64, with the column index of each parameter), the history lengths [slots], and the rows'
+    slots and draft offsets [n] on the device. Gathers happen on first use."""
+    f32_table: torch.Tensor
+    i64_table: torch.Tensor
+    num_out: torch.Tensor
+    slots: torch.Tensor
+    offsets: torch.Tensor
+    columns: dict            # parameter name -> column of its table
+
+
 class RowBatch:
-    num_rows: int
-    vocab_size: int
-    seeds: torch.Tensor          # [n] int64
-    positions: torch.Tensor      # [n] int64
-    temperature: torch.Tensor    # [n] fp32 (0 = greedy)
-    top_k: torch.Tensor          # [n] int64 (0 = off; never above V)
-    top_p: torch.Tensor          # [n] fp32 (1 = off)
-    min_p: torch.Tensor          # [n] fp32 (0 = off)
-    rep: torch.Tensor            # [n] fp32
-    freq: torch.Tensor           # [n] fp32
-    pres: torch.Tensor           # [n] fp32
-    num_logprobs: torch.Tensor   # [n] int64 (-1 = none)
-    processed_logprobs: torch.Tensor  # [n] bool
-    draft_tokens: torch.Tensor   # [n] int64 (-1 = bonus / no draft)
-    host: HostRows
-    bias: Optional[PaddedRows] = None
-    allowed: Optional[AllowedRows] = None
-    banned: Optional[PaddedRows] = None     # min_tokens stop ids / EOS, bad-word final tokens
-    seen: Optional[PaddedRows] = None       # prompt set + history (repetition penalty rows)
-    out_tokens: Optional[PaddedRows] = None  # history (frequency / presence penalty rows)
-    lp_raw_rows: Optional[torch.Tensor] = None   # [m] int64 rows wanting raw logprobs
-    lp_proc_rows: Optional[torch.Tensor] = None  # [m] int64 rows wanting processed logprobs
+    """Per-row parameters (device tensors, gathered from the tables on first use), host flags,
+    and the sparse per-row lists of the rows that use them."""
+
+    def __init__(self, *, num_rows: int, vocab_size: int, source: RowSource, draft_tokens: torch.Tensor,
+                 host: HostRows, bias: Optional[PaddedRows] = None, allowed: Optional[AllowedRows] = None,
+                 banned: Optional[tuple] = None, seen: Optional[PaddedRows] = None,
+                 out_tokens: Optional[PaddedRows] = None, lp_raw_rows: Optional[torch.Tensor] = None,
+                 lp_proc_rows: Optional[torch.Tensor] = None):
+        self.num_rows, self.vocab_size, self.source = num_rows, vocab_size, source
+        self.draft_tokens = draft_tokens            # [n] int64 (-1 = bonus / no draft)
+        self.host = host
+        self.bias, self.allowed, self.banned = bias, allowed, banned   # banned: min_tokens stops, bad words
+        self.seen, self.out_tokens = seen, out_tokens     # repetition rows: prompt set + history; freq/pres rows
+        self.lp_raw_rows, self.lp_proc_rows = lp_raw_rows, lp_proc_rows   # [m] rows wanting raw / processed
+        self._cache: dict = {}
+
+    def _col(self, table: str, name: str) -> torch.Tensor:
+        key = (table, name)
+        got = self._cache.get(key)
+        if got is None:
+            src = self.source
+            t = src.f32_table if table == "f32" else src.i64_table
+            got = self._cache[key] = t[src.columns[name]].index_select(0, src.slots)
+        return got
+
+    @property
+    def seeds(self) -> torch.Tensor:          # [n] int64
+        return self._col("i64", "seed")
+
+    @property
+    def positions(self) -> torch.Tensor:      # [n] int64: prompt_len + outputs + draft offset
+        got = self._cache.get("positions")
+        if got is None:
+            src = self.source
+            got = self._cache["positions"] = (self._col("i64", "prompt_len") + src.num_out.index_select(0, src.slots)
+                                              + src.offsets)
+        return got
+
+    @property
+    def temperature(self) -> torch.Tensor:    # [n] fp32 (0 = greedy)
+        return self._col("f32", "temperature")
+
+    @property
+    def top_k(self) -> torch.Tensor:          # [n] int64 (0 = off; never above V)
+        return self._col("i64", "top_k")
+
+    @property
+    def top_p(self) -> torch.Tensor:          # [n] fp32 (1 = off)
+        return self._col("f32", "top_p")
+
+    @property
+    def min_p(self) -> torch.Tensor:          # [n] fp32 (0 = off)
+        return self._col("f32", "min_p")
+
+    @property
+    def rep(self) -> torch.Tensor:
+        return self._col("f32", "rep")
+
+    @property
+    def freq(self) -> torch.Tensor:
+        return self._col("f32", "freq")
+
+    @property
+    def pres(self) -> torch.Tensor:
+        return self._col("f32", "pres")
+
+    @property
+    def num_logprobs(self) -> torch.Tensor:   # [n] int64 (-1 = none)
+        return self._col("i64", "num_logprobs")
 
     @property
     def greedy(self) -> torch.Tensor:

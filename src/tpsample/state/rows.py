@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .rowbatch import AllowedRows, HostRows, PaddedRows, RowBatch
+from .rowbatch import AllowedRows, HostRows, PaddedRows, RowBatch, RowSource
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,7 @@ def _static_part(store, rows: RowsView, device: torch.device) -> dict:
 
 
 def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
-    from .store import (F_STOPS, FLAGS, FREQ, MIN_P, MIN_TOKENS, NUM_LP, PRES, PROCESSED, PROMPT_LEN, REP, SEED,
-                        T, TOP_K, TOP_P)
+    from .store import COLUMNS, F_STOPS, FLAGS, MIN_TOKENS
     c = rows.cache.get(device)
     if c is None:
         c = rows.cache[device] = _static_part(store, rows, device)
@@ -82,18 +81,13 @@ def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
         lower = store.history.steps[rows.slots] + rows.offsets
         want["stops"] = np.flatnonzero((hi[FLAGS] & F_STOPS).astype(bool) & (hi[MIN_TOKENS] > lower))
     idx["stops"] = upload([want["stops"]], device)[0] if len(want["stops"]) else None
-    slots_d, offsets_d = c["slots"], c["offsets"]
-    f32 = store.f32.device_table.index_select(1, slots_d)          # [6, n]
-    i64 = store.i64.device_table.index_select(1, slots_d)          # [7, n]
-    num_out = store.history.num_out.index_select(0, slots_d)
-    ctx = _Ctx(store, rows, slots_d, offsets_d, c["drafts"], num_out, device)
+    source = RowSource(store.f32.device_table, store.i64.device_table, store.history.num_out, c["slots"],
+                       c["offsets"], COLUMNS)
+    ctx = _Ctx(store, rows, source, c["drafts"], device)
     return RowBatch(
-        num_rows=len(rows.slots), vocab_size=store.vocab_size, seeds=i64[SEED],
-        positions=i64[PROMPT_LEN] + num_out + offsets_d, temperature=f32[T], top_k=i64[TOP_K], top_p=f32[TOP_P],
-        min_p=f32[MIN_P], rep=f32[REP], freq=f32[FREQ], pres=f32[PRES], num_logprobs=i64[NUM_LP],
-        processed_logprobs=i64[PROCESSED] != 0, draft_tokens=c["draft"], host=c["host"],
+        num_rows=len(rows.slots), vocab_size=store.vocab_size, source=source, draft_tokens=c["draft"], host=c["host"],
         bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
-        banned=ctx.banned(want["stops"], idx["stops"], i64[MIN_TOKENS], want["bad"], idx["bad"]),
+        banned=ctx.banned(want["stops"], idx["stops"], want["bad"], idx["bad"]),
         seen=ctx.seen(want["rep"], idx["rep"]), out_tokens=ctx.outputs(want["freq"], idx["freq"]),
         lp_raw_rows=idx["lp_raw"] if len(want["lp_raw"]) else None,
         lp_proc_rows=idx["lp_proc"] if len(want["lp_proc"]) else None,
@@ -103,10 +97,17 @@ def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
 class _Ctx:
     """The gathers behind each sparse field of a RowBatch (only for the rows that use it)."""
 
-    def __init__(self, store, rows: RowsView, slots_d, offsets_d, drafts_d, num_out, device):
-        self.store, self.rows, self.device = store, rows, device
-        self.slots_d, self.offsets_d, self.drafts_d, self.num_out = slots_d, offsets_d, drafts_d, num_out
-        self._seq_cache: dict = {}
+    def __init__(self, store, rows: RowsView, source, drafts_d, device):
+        self.store, self.rows, self.device, self.source = store, rows, device, source
+        self.slots_d, self.offsets_d, self.drafts_d = source.slots, source.offsets, drafts_d
+        self._num_out = None
+
+    @property
+    def num_out(self) -> torch.Tensor:
+        """[n] each row's request's emitted-token count (gathered once, when a list needs it)."""
+        if self._num_out is None:
+            self._num_out = self.source.num_out.index_select(0, self.slots_d)
+        return self._num_out
 
     def _table(self, name: str, r_np: np.ndarray, r_d: torch.Tensor) -> torch.Tensor:
         """[m, longest] int64 rows of a padded table for batch rows r."""
@@ -126,11 +127,12 @@ class _Ctx:
         table = self.store.padded["allowed"].table
         return AllowedRows(r_d, table.index_select(0, self.slots_d.index_select(0, r_d)))
 
-    def banned(self, stop_np, stop_d, min_tokens, bad_np, bad_d) -> Optional[tuple[PaddedRows, ...]]:
+    def banned(self, stop_np, stop_d, bad_np, bad_d) -> Optional[tuple[PaddedRows, ...]]:
         parts = []
         if len(stop_np):
             tok = self._table("stops", stop_np, stop_d).to(torch.int64)
-            need = min_tokens.index_select(0, stop_d)
+            src = self.source
+            need = src.i64_table[src.columns["min_tokens"]].index_select(0, self.slots_d.index_select(0, stop_d))
             done = self.num_out.index_select(0, stop_d) + self.offsets_d.index_select(0, stop_d)
             parts.append(PaddedRows(stop_d, tok.masked_fill_((done >= need).unsqueeze(1), -1)))
         if len(bad_np):
