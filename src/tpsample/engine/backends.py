@@ -39,7 +39,10 @@ class InProcessBackend:
         return outputs, self.engine.stats
 
     def close(self) -> None:
-        pass
+        """Frees the model, KV cache and graphs now, so a next LLM in this process finds the memory."""
+        if self.engine is not None:
+            self.engine.runner.close()
+            self.engine = None
 
 
 class SpmdBackend:
@@ -80,5 +83,7 @@ class SpmdBackend:
             self.engine.shutdown()
         elif not isinstance(self.channel.recv(), Shutdown):
             raise RuntimeError("expected rank 0 to shut the engine down")
+        self.runner.close()
+        self.engine = self.runner = None
         if self._owns_default_group:        # gloo threads must stop before the interpreter does
             dist.destroy_process_group()

@@ -151,7 +151,9 @@ def size_kv(model: CausalLM, sampler, cfg: EngineConfig, group: TPGroup, dtype, 
     group.all_reduce(agreed, op=dist.ReduceOp.MIN)
     num_blocks = int(agreed.item())
     if num_blocks < 1:
-        raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization / "
+        mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+        raise ValueError(f"no memory left for the KV cache (budget after weights {mib(budget)}, forward "
+                         f"{mib(forward)}, sampler {mib(sampler_peak)}): raise gpu_memory_utilization / "
                          "cpu_memory_bytes, or set kv_cache_tokens")
     return MemoryProfile(weights, forward, sampler_peak, per_token, num_blocks)
 
