@@ -49,13 +49,14 @@ def test_chunked_prefill_spec_decode_and_eager_decode_on_the_gpu_keep_the_cpu_to
 def test_close_gives_the_gpu_memory_back_to_a_second_llm_in_the_same_process(folders):
     gc.collect()
     torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
+    before, reserved_before = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     first = LLM(folders["qwen2"], dtype="bfloat16", device="cuda", gpu_memory_utilization=0.3, max_num_seqs=16)
     blocks = first.info.num_kv_blocks
     assert torch.cuda.memory_allocated() - before > blocks * first.info.block_size * first.info.kv_bytes_per_token
     first.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8))
     first.close()
     assert torch.cuda.memory_allocated() - before < 64 << 20
+    assert torch.cuda.memory_reserved() - reserved_before < 64 << 20, "the driver must get the KV cache back"
     second = LLM(folders["qwen2"], dtype="bfloat16", device="cuda", gpu_memory_utilization=0.3, max_num_seqs=16)
     try:
         assert abs(second.info.num_kv_blocks - blocks) <= blocks // 100

@@ -136,15 +136,19 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Progress(transient=True) as progress:
         folder = bp.write_config(tmp, preset.shape, preset.dtype)
-        prompts, params = _requests(preset.num_requests, preset.prompt_len, preset.max_tokens,
-                                    preset.shape["vocab_size"], 0)
         task = progress.add_task(f"bench engine {name}", total=len(strategies) + bool(hf_reference))
+        isolate = device == "cuda"        # on a GPU each configuration runs in its own process
         for strategy in strategies:
-            rows.append(_preset_run(folder, preset, strategy, tp, device, util, prompts, params, bandwidth))
+            args = dict(folder=folder, name=name, strategy=strategy, tp=tp, device=device, util=util,
+                        bandwidth=bandwidth)
+            rows.append(_isolated("preset_run", args) if isolate else preset_run(**args))
             progress.advance(task)
         reference = None
         if hf_reference if hf_reference is not None else (preset.hf_reference and device == "cuda" and tp == 1):
-            reference = bp.hf_generate_tokens_per_s(folder, prompts, preset.max_tokens, preset.dtype)
+            try:
+                reference = _isolated("hf_reference", dict(folder=folder, name=name))
+            except Exception as e:     # the engine's numbers still stand; say why the reference is missing
+                print(f"transformers generate reference failed: {type(e).__name__}: {e}")
             progress.advance(task)
     print_preset_table(name, rows, reference, bandwidth)
     summary = {"bench": "engine", "preset": name, "tp": tp, "device": device, "num_requests": preset.num_requests,
@@ -154,10 +158,39 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     return summary
 
 
-def _preset_run(folder, preset, strategy, tp, device, util, prompts, params, bandwidth) -> dict:
-    from tpsample.engine.bench_presets import NOMINAL_HBM_BYTES_PER_S
+_MARK = "@@bench-result "
+
+
+def _isolated(fn: str, kwargs: dict):
+    """fn(**kwargs) of this module in a fresh Python process (its own CUDA context and allocator)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from tpsample.engine import bench_engine as b; "
+            f"print({_MARK!r} + json.dumps(getattr(b, sys.argv[1])(**json.loads(sys.argv[2]))))")
+    done = subprocess.run([sys.executable, "-c", code, fn, json.dumps(kwargs)], capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    raise RuntimeError(f"{fn} failed in its subprocess:\n{done.stderr[-3000:]}")
+
+
+def hf_reference(folder: str, name: str) -> float:
+    from tpsample.engine import bench_presets as bp
+
+    preset = bp.PRESETS[name]
+    prompts, _ = _requests(preset.num_requests, preset.prompt_len, preset.max_tokens, preset.shape["vocab_size"], 0)
+    return bp.hf_generate_tokens_per_s(folder, prompts, preset.max_tokens, preset.dtype)
+
+
+def preset_run(folder: str, name: str, strategy: str, tp: int, device: str, util: float, bandwidth) -> dict:
+    """One engine of the preset: warm-up, then the timed batch; the engine is closed on return."""
+    from tpsample.engine.bench_presets import NOMINAL_HBM_BYTES_PER_S, PRESETS
     from tpsample.llm import LLM
 
+    preset = PRESETS[name]
+    prompts, params = _requests(preset.num_requests, preset.prompt_len, preset.max_tokens,
+                                preset.shape["vocab_size"], 0)
     with LLM(folder, tensor_parallel_size=tp, strategy=strategy, device=device, dtype=preset.dtype,
              load_format="dummy", max_num_seqs=preset.num_requests, gpu_memory_utilization=util,
              cpu_memory_bytes=preset.cpu_memory_bytes, **preset.engine_options) as llm:

@@ -117,14 +117,15 @@ def hf_generate_tokens_per_s(folder: str, prompts: list[list[int]], max_tokens: 
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype).eval()
     ids = torch.tensor(prompts, device="cuda")
-    kwargs = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, max_new_tokens=max_tokens,
-                  min_new_tokens=max_tokens, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    mask = torch.ones_like(ids)
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, pad_token_id=0)
     with torch.no_grad():
-        model.generate(ids[:2], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})   # warm-up
+        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
         torch.cuda.synchronize()
         torch.manual_seed(0)
         start = time.perf_counter()
-        out = model.generate(ids, **kwargs)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             **kwargs)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     num_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
