@@ -96,16 +96,17 @@ def test_block_manager_hands_out_lowest_free_blocks_first():
 
 def test_incremental_ngram_proposer_gives_the_reference_drafts_on_random_histories():
     rng = random.Random(0)
-    for case in range(60):
+    for case in range(80):
         alphabet = rng.choice([2, 3, 5, 20])
+        base = rng.choice([0, 0, (1 << 21) - 3])    # ids near 2**21: the packed keys' edge
         min_n = rng.randint(1, 3)
         max_n = rng.randint(min_n, 4)
         proposer = NgramProposer(min_n=min_n, max_n=max_n)
-        prompt = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
+        prompt = [base + rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
         output: list[int] = []
         for _ in range(40):
             k = rng.randint(0, 5)
             got = proposer.propose(f"r{case}", prompt, output, k)
             assert got == propose_ngram(prompt + output, k=k, min_n=min_n, max_n=max_n)
-            output += [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
+            output += [base + rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
         proposer.drop(f"r{case}")

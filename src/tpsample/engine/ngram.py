@@ -31,29 +31,52 @@ def propose_ngram(tokens: list[int], *, k: int, min_n: int, max_n: int) -> list[
     return []
 
 
+_BITS = 21                   # token ids below 2**21 pack three to an int64 key
+
+
 class _History:
-    """One request's tokens and, per n, n-gram -> latest start with a token after it."""
+    """One request's tokens and, per n, n-gram -> latest start with a token after it.
+
+    Keys are ints (ids packed 21 bits each) when n <= 3 and every id fits, else tuples."""
 
     def __init__(self, prompt: list[int], ns: range):
         self.tokens = list(prompt)
+        self.ns = ns
         arr = np.asarray(prompt, dtype=np.int64)
-        self.index: dict[int, dict[tuple, int]] = {}
+        self.packed = ns.stop - 1 <= 3 and (len(arr) == 0 or int(arr.max()) < (1 << _BITS))
+        self.index: dict[int, dict] = {}
         for n in ns:
             if len(arr) > n:               # starts 0 .. len - n - 1 have a follower
                 windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+                if self.packed:
+                    keys = (windows << (_BITS * np.arange(n - 1, -1, -1))).sum(axis=1).tolist()
+                else:
+                    keys = map(tuple, windows.tolist())
                 # later starts overwrite earlier ones: the dict keeps the latest
-                self.index[n] = dict(zip(map(tuple, windows.tolist()), range(len(windows))))
+                self.index[n] = dict(zip(keys, range(len(windows))))
             else:
                 self.index[n] = {}
 
+    def key(self, start: int, n: int):
+        seq = self.tokens[start:start + n]
+        if not self.packed:
+            return tuple(seq)
+        k = 0
+        for t in seq:
+            k = (k << _BITS) | t
+        return k
+
     def extend(self, new_tokens: list[int]) -> None:
+        if self.packed and max(new_tokens) >= (1 << _BITS):
+            self.__init__(self.tokens + list(new_tokens), self.ns)     # re-index once with tuple keys
+            return
         for token in new_tokens:
             self.tokens.append(token)
             length = len(self.tokens)
             for n, index in self.index.items():
                 start = length - n - 1      # the n-gram that just gained a follower
                 if start >= 0:
-                    index[tuple(self.tokens[start:start + n])] = start
+                    index[self.key(start, n)] = start
 
 
 class NgramProposer:
@@ -77,7 +100,7 @@ class NgramProposer:
         for n in reversed(self.ns):
             if n > total - 1:
                 continue
-            start = hist.index[n].get(tuple(tokens[total - n:]))
+            start = hist.index[n].get(hist.key(total - n, n))
             if start is not None:
                 return tokens[start + n:start + n + k]
         return []
