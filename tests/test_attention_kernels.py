@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from tpsample.model import PagedAttention, build_attention_metadata, build_paged_metadata, slot_mapping_np  # noqa: E402
+from tpsample.model import PagedAttention, build_attention_metadata, build_paged_metadata, slot_mapping_np
 
 PAGE = 4
 
 
 @pytest.fixture
 def device(monkeypatch):
-    """"cuda" when there is a GPU; else "cpu" with the Triton interpreter on for this test only."""
+    """"cuda" when there is a GPU; else "cpu" with the Triton interpreter on for this test only.
+    (Triton is imported here, not at collection, so other modules' import-time settings hold.)"""
+    pytest.importorskip("triton")
     if torch.cuda.is_available():
         return "cuda"
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -129,8 +129,9 @@ class ModelRunner:
                   decode: bool) -> AttentionMetadata:
         if not self.use_kernels:
             return build_attention_metadata(q_lens, s_lens, tables, self.cfg.block_size, self.device)
+        num_kv_heads = self.model.attention_layers()[0].num_kv_heads
         return build_paged_metadata(q_lens, s_lens, tables, slots, self.cfg.block_size, self.max_seq_len,
-                                    self.device, decode=decode, num_kv_heads=self.model.attention_layers()[0].num_kv_heads)
+                                    self.device, decode=decode, num_kv_heads=num_kv_heads)
 
     def close(self) -> None:
         """Release the model, KV cache, graphs and sampler (and their device memory)."""

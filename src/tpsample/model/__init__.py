@@ -9,4 +9,5 @@ from tpsample.model.parallel_layers import (ColumnParallelLinear, MergedColumnPa
 
 __all__ = ["AttentionMetadata", "CausalLM", "ColumnParallelLinear", "MergedColumnParallelLinear", "ModelConfig",
            "PagedAttention", "PagedMetadata", "ParallelLMHead", "RopeConfig", "RowParallelLinear", "TPGroup",
-           "VocabParallelEmbedding", "build_attention_metadata", "build_paged_metadata", "load_model", "resolve_dtype", "slot_mapping_np"]
+           "VocabParallelEmbedding", "build_attention_metadata", "build_paged_metadata", "load_model",
+           "resolve_dtype", "slot_mapping_np"]
