@@ -4,6 +4,7 @@ subcommand's options, then `run_*(args)`. Nothing here runs at import time.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -105,8 +106,9 @@ def run_demo_engine(args) -> dict:
 
 def add_bench_engine_args(p) -> None:
     p.add_argument("--model", default=None, help="local HF folder (default: random Qwen2-shaped, V=151,936)")
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default 2, or the preset's)")
+    p.add_argument("--strategies", default=None, help=f"comma-separated (default {','.join(STRATEGIES)}, "
+                                                       "or the preset's)")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -115,12 +117,22 @@ def add_bench_engine_args(p) -> None:
     p.add_argument("--kv-cache-tokens", type=int, default=None)
     p.add_argument("--memory-mib", type=int, default=1024, help="per-rank memory budget on CPU")
     p.add_argument("--plot", default="bench_engine.png", help="where to save the plot")
+    p.add_argument("--preset", default=None, choices=["qwen2-1.5b", "qwen2-7b", "kv-bound", "tiny-kv-bound"],
+                   help="a realistic shape with random weights (see docs/engine.md); --tp / --strategies "
+                        "override the preset's, the sweep options are ignored")
+    p.add_argument("--hf-reference", default=None, action=argparse.BooleanOptionalAction,
+                   help="also time transformers' generate on the same GPU and batch (default: the preset's)")
 
 
 def run_bench_engine(args) -> dict:
-    from tpsample.engine.bench_engine import run_bench
+    from tpsample.engine.bench_engine import run_bench, run_preset
 
-    return run_bench(model=args.model, tp=args.tp, strategies=args.strategies.split(","),
+    strategies = args.strategies.split(",") if args.strategies else None
+    if args.preset is not None:
+        return run_preset(args.preset, strategies=strategies, device=args.device, hf_reference=args.hf_reference,
+                          tp=args.tp)
+    args.tp, strategies = args.tp or 2, strategies or list(STRATEGIES)
+    return run_bench(model=args.model, tp=args.tp, strategies=strategies,
                      batch_sizes=_csv_ints(args.batch_sizes), device=args.device, dtype=args.dtype,
                      prompt_len=args.prompt_len, max_tokens=args.max_tokens, kv_cache_tokens=args.kv_cache_tokens,
                      cpu_memory_bytes=args.memory_mib << 20, plot=args.plot)
