@@ -59,6 +59,7 @@ def _profile_one(sampler, cfg: EngineConfig, dtype, device, mix: dict) -> int:
     drafts = [[0] * k for _ in ids] if k else None
     rows = len(ids) * (1 + k)
     bitmask = torch.full((rows, (vocab + 31) // 32), -1, dtype=torch.int32)
+    profiling, sampler.profile_memory = sampler.profile_memory, True      # the allocator's real peak
     try:
         plan = sampler.plan(ids, draft_token_ids=drafts, grammar_bitmask=bitmask)
         start, end = tpsample.vocab_shard(vocab, sampler.tp_size, sampler.rank)
@@ -66,6 +67,7 @@ def _profile_one(sampler, cfg: EngineConfig, dtype, device, mix: dict) -> int:
         logits = torch.randn(rows, end - start, generator=gen).to(device, dtype)
         sampler.sample(logits, plan)
     finally:
+        sampler.profile_memory = profiling
         for rid in ids:
             sampler.remove_request(rid)
     return int(sampler.last_stats.peak_bytes)
