@@ -7,7 +7,9 @@ the extra memory above the inputs; next to FlashInfer's `top_k_top_p_sampling_fr
 (when it imports), a torch sort-based top-k/top-p sampler, and `argmax().tolist()`.
 Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), the same with logprobs=5, and
 the same with repetition 1.1 / frequency 0.2 penalties over 2,000-token prompts and growing
-outputs. Prints a table and ends with one JSON line.
+outputs. For plain decode steps it also times the step captured in a CUDA graph
+(`Sampler.capture`), what an engine that graphs its decode step pays. Prints a table and ends
+with one JSON line.
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ def _wall_us(fn, iters: int, before=None) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(hosts)
 
 
-def _tpsample(case: Case, x: torch.Tensor, iters: int) -> dict:
+def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
     import tpsample
     rows, vocab = x.shape
     inplace = case.prompt_len > 1
@@ -110,7 +112,20 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> dict:
     if refill:
         refill()
     mem = _peak_extra(lambda: call()(), x.device)
-    return {"impl": "tpsample", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}
+    out = [{"impl": "tpsample", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}]
+    if "logprobs" not in case.params and not inplace:       # what an engine with CUDA graphs pays
+        step = s.capture(s.plan(ids), work, reserve_tokens=4 * iters + 64)
+
+        def replay():
+            out = step.replay()
+            return lambda: out.token_lists()
+
+        for _ in range(3):
+            replay()()
+        wall, host = _wall_us(replay, iters)
+        out.append({"impl": "tpsample (CUDA graph)", "wall_us": wall, "host_us": host,
+                    "device_us": _device_us(lambda: replay()(), 3), "extra_mib": _peak_extra(lambda: replay()(), x.device)})
+    return out
 
 
 def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
@@ -169,7 +184,7 @@ def run(rows_list=(256, 1024), vocab: int = 151936, iters: int = 20, progress=No
             progress(i, len(plan), f"{case.name} x {rows}")
         x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
         base = {"case": case.name, "rows": rows, "vocab": vocab}
-        results.append({**base, **_tpsample(case, x, iters)})
+        results += [{**base, **r} for r in _tpsample(case, x, iters)]
         for name in case.anchors:
             r = _anchor(name, case, x, iters)
             if r is not None:

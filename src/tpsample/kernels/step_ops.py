@@ -193,3 +193,52 @@ def finalize_rows(tokens, valid, x, col_offset: int, nans, guard=None) -> torch.
         _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], col_offset, nans, gv, gi, out,
                   NSPLIT=nans.shape[1], HAS_GUARD=guard is not None)
     return out
+
+
+@triton.jit
+def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset, lse_ptr, tv_ptr, ti_ptr, n, cnt_ptr,
+                         i64_ptr, i64_stride, slot_ptr, ids_out, vals_out, ranks_out, width,
+                         NUM_LP: tl.constexpr, PROCESSED: tl.constexpr, WP: tl.constexpr):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    nlp = tl.load(i64_ptr + NUM_LP * i64_stride + slot)
+    want = (nlp >= 0) & (tl.load(i64_ptr + PROCESSED * i64_stride + slot) == 0)
+    tok = tl.load(tok_ptr + row * tok_stride)
+    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
+    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
+    v = tl.where(v != v, float("-inf"), v)
+    lse = tl.load(lse_ptr + row).to(tl.float64)
+    j = tl.arange(0, WP)
+    top = (j >= 1) & (j <= n)
+    ids = tl.where(j == 0, tok, tl.load(ti_ptr + row * n + (j - 1), mask=top, other=-1))
+    vals = tl.where(j == 0, v, tl.load(tv_ptr + row * n + (j - 1), mask=top, other=float("-inf"))).to(tl.float64)
+    lp = vals - lse
+    lp = tl.where(lse == float("inf"), tl.where(vals == float("inf"), 0.0, float("-inf")), lp)
+    lp = tl.where(ids >= 0, lp, float("-inf"))
+    lp = tl.where(lse > float("-inf"), lp, float("-inf"))
+    keep = (j <= nlp) & (j < WP + want.to(tl.int32) * 0)      # columns up to the row's n ...
+    keep = tl.where(want, keep, j < 0)                          # ... of rows that want raw logprobs
+    out = j < width
+    tl.store(ids_out + row * width + j, tl.where(keep, ids, -1), mask=out)
+    tl.store(vals_out + row * width + j, tl.where(keep, lp, float("-inf")).to(tl.float32), mask=out)
+    tl.store(ranks_out + row, tl.where(want, tl.load(cnt_ptr + row) + 1, 0))
+
+
+_RAW_LP = Launcher(_raw_logprobs_kernel)
+
+
+def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int):
+    """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R]).
+
+    Column 0 the sampled token, then the top-n; rows that want no raw logprobs (per the slot
+    tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py)."""
+    rows, n = top_v.shape
+    dev = tokens.device
+    ids = torch.empty((rows, width), dtype=torch.int64, device=dev)
+    vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
+    ranks = torch.empty(rows, dtype=torch.int64, device=dev)
+    if rows:
+        _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
+                top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
+                WP=triton.next_power_of_2(width), **columns)
+    return ids, vals, ranks

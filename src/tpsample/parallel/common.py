@@ -82,6 +82,8 @@ def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: St
 
 
 def pad_logprobs(res, num_rows: int, width: int, device):
+    if res.lp_ids is not None and res.lp_ids.shape[1] == width:
+        return res.lp_ids, res.lp_vals, res.lp_ranks
     ids = torch.full((num_rows, width), -1, dtype=torch.int64, device=device)
     vals = torch.full((num_rows, width), float("-inf"), device=device)
     ranks = torch.zeros(num_rows, dtype=torch.int64, device=device)

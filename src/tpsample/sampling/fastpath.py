@@ -89,19 +89,15 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
 
 def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):
     """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
-    streaming pass (log-sum-exp, top-n, the count above the sampled token): no [rows, V] buffer."""
+    streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
+    lays the rows out: no [rows, V] buffer."""
     from ..kernels.dispatch import token_logprob_stats
-    from .logprobs import finite_logprobs
+    from ..kernels.step_ops import raw_logprobs
     n = b.logprobs_max
-    local = (tokens - col_start).clamp(0, l_raw.shape[1] - 1)
-    v = l_raw.gather(1, local.unsqueeze(1)).squeeze(1).float()
-    v = torch.where(torch.isnan(v), torch.full_like(v, float("-inf")), v)
+    local = (tokens - col_start).clamp_(0, l_raw.shape[1] - 1).unsqueeze_(1)
+    v = l_raw.gather(1, local).squeeze_(1).float()
+    v = torch.nan_to_num_(v, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))   # NaN counts as -inf
     lse, top_v, top_i, above = token_logprob_stats(l_raw, v, n, col_offset=col_start)
-    ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
-    vals = finite_logprobs(ids, torch.cat([v.unsqueeze(1), top_v], dim=1), lse)
-    want = torch.zeros(b.num_rows, dtype=torch.bool, device=tokens.device).index_fill_(0, b.lp_raw_rows, True)
-    per_row = b.num_logprobs.clamp(min=0)
-    drop = ~want.unsqueeze(1) | (torch.arange(1 + n, device=ids.device).unsqueeze(0) > per_row.unsqueeze(1))
-    ids = ids.masked_fill(drop, -1)
-    vals = vals.masked_fill(drop, float("-inf"))
-    return ids, vals, torch.where(want, above + 1, torch.zeros_like(above))
+    src = b.source
+    cols = {"NUM_LP": src.columns["num_logprobs"], "PROCESSED": src.columns["processed"]}
+    return raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, cols, 1 + n)
