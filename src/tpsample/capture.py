@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .parallel.common import StepContext
 from .parallel.collectives import Collectives
+from .parallel.common import StepContext
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 

@@ -37,9 +37,17 @@ from .parallel.vocab_parallel import VocabParallel
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 from .sampling.params import SamplingParams
+from .state.columns import MIN_P, NUM_LP, TOP_K, TOP_P
 from .state.store import RequestStore, derive_seed
-from .validation import (check_bitmask, check_draft_probs, check_drafts, check_logits, check_prompt,
-                         check_req_ids, check_sampler_args)
+from .validation import (
+    check_bitmask,
+    check_draft_probs,
+    check_drafts,
+    check_logits,
+    check_prompt,
+    check_req_ids,
+    check_sampler_args,
+)
 
 STRATEGIES = {s.name: s for s in (Replicated(), BatchSharded(), VocabParallel())}
 STRATEGY_NAMES = ("auto", *STRATEGIES)
@@ -146,7 +154,7 @@ class Sampler:
         drafts = check_drafts(draft_token_ids, len(req_ids), self.vocab_size, self.max_num_logits_per_req)
         num_rows = len(req_ids) + int((drafts >= 0).sum())
         bitmask = check_bitmask(grammar_bitmask, num_rows, self.vocab_size)
-        lp = self.store.i64.host[3, slots] if len(slots) else np.zeros(0, np.int64)
+        lp = self.store.i64.host[NUM_LP, slots] if len(slots) else np.zeros(0, np.int64)
         width = 1 + int(lp.max()) if len(lp) and lp.max() >= 0 else 0
         chosen = self._choose(strategy or self.strategy, slots, num_rows, width > 0)
         plan = build_plan(chosen, self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
@@ -163,8 +171,8 @@ class Sampler:
         per_owner = np.bincount(slots % tp, minlength=tp) if len(slots) else np.zeros(tp, np.int64)
         f32, i64 = self.store.f32.host[:, slots], self.store.i64.host[:, slots]
         return auto.choose(num_rows, self.vocab_size, tp, int(per_owner.max()) * self.max_num_logits_per_req,
-                           top_k=bool((i64[1] > 0).any()), top_p=bool((f32[1] < 1).any()),
-                           min_p=bool((f32[2] > 0).any()), logprobs=logprobs,
+                           top_k=bool((i64[TOP_K] > 0).any()), top_p=bool((f32[TOP_P] < 1).any()),
+                           min_p=bool((f32[MIN_P] > 0).any()), logprobs=logprobs,
                            on_gpu=(self.device or torch.device("cpu")).type == "cuda")
 
     def sample(self, local_logits: torch.Tensor, plan: SamplingPlan, *,

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .dispatch import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
+from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
 from .launcher import Launcher
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .dispatch import DEFAULT, KernelConfig, _pow2, num_splits
+from .config import DEFAULT, KernelConfig, _pow2, num_splits
 from .launcher import Launcher
 
 _LAUNCHERS: dict = {}

@@ -11,9 +11,9 @@ from typing import Optional
 
 import torch
 
+from ..noise import SALT_DRAW, gumbel_noise
 from ..numerics import NEG_INF, kept_mask
 from .filters import row_chunks
-from ..noise import SALT_DRAW, gumbel_noise
 from .keys import row_keys
 
 

@@ -11,6 +11,7 @@ The kernels implement the same thresholds and noise, so tokens equal the torch p
 from __future__ import annotations
 
 import os
+
 import torch
 
 from ..noise import SALT_DRAW

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..numerics import NEG_INF, fixed_point_masses, kept_mask
+
 NUM_CANDIDATES = 64
 ROW_CHUNK_ELEMS = 1 << 17     # bound on [rows, cols] temporaries (~3 MiB at 22 B each)
 

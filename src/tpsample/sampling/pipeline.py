@@ -17,17 +17,16 @@ from typing import Optional
 
 import torch
 
+from ..numerics import NEG_INF
 from ..state.rowbatch import RowBatch
 from . import processors as P
 from .draw import guard_tokens, local_argmax, local_gumbel_draw
-from ..numerics import NEG_INF
 from .filters import ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
-from .topp import top_p_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
 from .result import RowResult
-
+from .topp import top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates

@@ -15,7 +15,7 @@ import torch
 
 from ..numerics import NEG_INF
 from ..state.rowbatch import RowBatch
-from .fastpath import try_fast_path, _wanted
+from .fastpath import _wanted, try_fast_path
 from .pipeline import sample_rows
 from .reducer import LocalRows
 from .result import RowResult

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..numerics import NEG_INF, key_to_float, kept_mask, mass_shift, order_key
+from ..numerics import NEG_INF, kept_mask, key_to_float, mass_shift, order_key
 from .filters import NUM_CANDIDATES, Candidates, masses, row_chunks
 
 

@@ -13,6 +13,23 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .columns import (
+    COLUMNS,
+    F_ALLOWED,
+    F_BAD,
+    F_BIAS,
+    F_FREQ,
+    F_REP,
+    F_STOPS,
+    FLAGS,
+    MIN_P,
+    MIN_TOKENS,
+    NUM_LP,
+    PROCESSED,
+    TOP_K,
+    TOP_P,
+    T,
+)
 from .rowbatch import AllowedRows, HostRows, PaddedRows, RowBatch, RowSource
 
 
@@ -51,7 +68,6 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
 def _static_part(store, rows: RowsView, device: torch.device) -> dict:
     """What depends only on the rows (fixed for a plan): host parameters, which rows use which
     processor, and their indices on the device (one upload, cached on the view)."""
-    from .store import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FLAGS, MIN_P, NUM_LP, PROCESSED, T, TOP_K, TOP_P
     slots = rows.slots
     hf, hi = store.f32.host[:, slots], store.i64.host[:, slots]
     flags = hi[FLAGS]
@@ -70,7 +86,6 @@ def _static_part(store, rows: RowsView, device: torch.device) -> dict:
 
 
 def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
-    from .store import COLUMNS, F_STOPS, FLAGS, MIN_TOKENS
     c = rows.cache.get(device)
     if c is None:
         c = rows.cache[device] = _static_part(store, rows, device)

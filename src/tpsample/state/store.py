@@ -26,19 +26,12 @@ import torch
 
 from ..noise import seed_to_int64
 from ..sampling.params import SamplingParams
+from .columns import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FREQ, MIN_P, PRES, REP, TOP_P, T  # noqa: F401
 from .history import History
 from .rowbatch import RowBatch
 from .rows import build_row_batch
 from .slots import RequestInfo, SlotTable
 from .tables import DenseTable, PaddedTable
-
-# dense columns (tables are [columns, slots] so a gathered column is contiguous)
-T, TOP_P, MIN_P, REP, FREQ, PRES = range(6)
-SEED, TOP_K, PROMPT_LEN, NUM_LP, PROCESSED, MIN_TOKENS, FLAGS = range(7)
-F_BIAS, F_ALLOWED, F_STOPS, F_BAD, F_REP, F_FREQ = 1, 2, 4, 8, 16, 32
-COLUMNS = {"temperature": T, "top_p": TOP_P, "min_p": MIN_P, "rep": REP, "freq": FREQ, "pres": PRES,
-           "seed": SEED, "top_k": TOP_K, "prompt_len": PROMPT_LEN, "num_logprobs": NUM_LP, "processed": PROCESSED,
-           "min_tokens": MIN_TOKENS, "flags": FLAGS}
 
 
 class RequestStore:
