@@ -70,7 +70,7 @@ class Sampler:
                  strategy: str = "auto", group=None, device=None, max_logprobs: int = 20,
                  eos_token_id: Optional[int] = None, seed: Optional[int] = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, inplace_logits: bool = False,
-                 profile_memory: bool = False):
+                 profile_memory: bool = False, check_plans: bool = True):
         """vocab_size: V. max_num_reqs: concurrent requests (slot tables grow with use, so a large
         value costs nothing up front). max_num_logits_per_req: 1 + the most draft tokens a request
         may verify per step. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel".
@@ -79,7 +79,10 @@ class Sampler:
         inplace_logits: let `sample` use fp32 local logits as its working buffer (saves a copy
         of the shard; the tensor then holds processed values). seed: the base of request seeds
         (drawn and agreed across ranks once, here, when None). timeout_s: per collective.
-        profile_memory: measure each step's CUDA peak (synchronises; for profiling, not serving)."""
+        profile_memory: measure each step's CUDA peak (synchronises; for profiling, not serving).
+        check_plans: at TP > 1, every step first checks that all ranks sample the same plan (one
+        8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
+        disagree get a clear error instead of a hang or silently different tokens."""
         check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
                            strategy, STRATEGY_NAMES)
         self.vocab_size = vocab_size
@@ -99,7 +102,7 @@ class Sampler:
         self.uid = next(_UIDS)
         self._serial = 0
         self._last_plan: Optional[SamplingPlan] = None
-        self._agreed_plan: Optional[SamplingPlan] = None
+        self._check = Collectives(self.group.cpu_twin()) if (check_plans and self.group.size > 1) else None
         self.last_stats: Optional[StepStats] = None
 
     @property
@@ -192,8 +195,8 @@ class Sampler:
         if self.device is None:
             self.device = dev
         comm = Collectives(self.group)
-        if self.tp_size > 1 and plan is not self._agreed_plan:
-            self._agree(plan, comm, dev)
+        if self._check is not None:
+            self._agree(plan)
         store = self.store
         need = int((store.history.upper[plan.slots] + plan.rows_per_req).max()) if plan.num_reqs else 0
         store.sync(dev, need)
@@ -231,18 +234,15 @@ class Sampler:
             raise ValueError("plan is stale: a request it names was removed (or its slot reused) after "
                              "plan() was called; call plan() again")
 
-    def _agree(self, plan: SamplingPlan, comm: Collectives, device) -> None:
-        """One tiny all-gather: every rank must be sampling the same plan (same requests, order,
-        drafts, strategy); otherwise the collectives that follow would mismatch or silently differ."""
-        mine = torch.tensor([plan.fingerprint()], dtype=torch.int64)
-        if self.group.backend == "nccl":
-            mine = mine.to(device)
-        prints = comm.all_gather(mine).view(-1).tolist()
+    def _agree(self, plan: SamplingPlan) -> None:
+        """Every rank must be sampling the same plan (same requests, order, drafts, strategy);
+        otherwise the collectives that follow would mismatch (a hang) or silently differ. Runs
+        every step (a rank cannot know whether the others changed their plan), on the host."""
+        prints = self._check.all_gather(torch.tensor([plan.fingerprint()], dtype=torch.int64)).view(-1).tolist()
         if len(set(prints)) != 1:
             raise ValueError(f"TP ranks disagree on the step: plan fingerprints {prints} differ (every rank "
                              "must add the same requests with the same params and plan the same req_ids in "
                              "the same order)")
-        self._agreed_plan = plan
 
     def _start_profile(self, dev):
         if not (self.profile_memory and dev.type == "cuda"):
