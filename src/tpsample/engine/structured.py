@@ -6,6 +6,8 @@ Lives on rank 0 with the scheduler; the bitmask travels to every rank inside the
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from tpsample.engine.request import GuidedDecoding
@@ -38,7 +40,8 @@ class GrammarBackend:
                 else:
                     compiled = self._compiler.compile_builtin_json_grammar()
             except Exception as e:  # xgrammar raises RuntimeError / its own types for bad sources
-                raise ValueError(f"guided decoding {kind} does not compile: {e}") from e
+                why = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())   # drop its C++ source prefix
+                raise ValueError(f"guided decoding {kind} does not compile: {why}") from e
             self._cache[key] = compiled
         return self._cache[key]
 
