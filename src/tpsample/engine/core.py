@@ -74,12 +74,14 @@ class TokenUpdate:
 class Reported:
     stats: RunStats
     resources: dict = field(default_factory=dict)
+    finished: dict = field(default_factory=dict)    # requests finished so far, by finish reason
 
 
 class EngineCore:
     def __init__(self, engine):
         self.engine = engine
         self.live: dict[str, Request] = {}
+        self.finished: dict[str, int] = {}
 
     def apply(self, cmd) -> list:
         if isinstance(cmd, AddRequests):
@@ -87,7 +89,7 @@ class EngineCore:
         if isinstance(cmd, Abort):
             return [self._abort(rid) for rid in cmd.req_ids if rid in self.live]
         if isinstance(cmd, Report):
-            return [Reported(self.engine.take_stats(), self.engine.resources())]
+            return [Reported(self.engine.take_stats(), self.engine.resources(), dict(self.finished))]
         raise TypeError(f"unknown engine command {cmd!r}")
 
     def _add(self, new: tuple[NewRequest, ...]):
@@ -108,6 +110,7 @@ class EngineCore:
     def _abort(self, req_id: str) -> TokenUpdate:
         req = self.live.pop(req_id)
         self.engine.abort(req)
+        self.finished["abort"] = self.finished.get("abort", 0) + 1
         return TokenUpdate(req_id, [], None, "abort", num_nan_logits=req.num_nan_logits)
 
     def step(self) -> list[TokenUpdate]:
@@ -117,6 +120,7 @@ class EngineCore:
             done = req.finish_reason is not None
             if done:
                 del self.live[req.req_id]
+                self.finished[req.finish_reason] = self.finished.get(req.finish_reason, 0) + 1
             updates.append(TokenUpdate(
                 req.req_id, list(new), lps, req.finish_reason, req.stop_reason,
                 stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits))

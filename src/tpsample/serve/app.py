@@ -88,8 +88,9 @@ def build_app(llm, *, model_name: str, max_pending: int | None = None) -> FastAP
 
     @app.get("/stats")
     async def stats():
-        return {"resources": await engine.resources(), "in_flight": engine.num_pending,
-                "max_pending": engine.max_pending, "aborted": engine.num_aborted, "engine": llm.info.as_dict()}
+        report = await engine.report()
+        return {"resources": report.resources, "finished": report.finished, "in_flight": engine.num_pending,
+                "max_pending": engine.max_pending, "engine": llm.info.as_dict()}
 
     @app.get("/v1/models")
     async def models():

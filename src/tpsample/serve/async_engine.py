@@ -41,7 +41,6 @@ class AsyncEngine:
         self.client = llm.engine_client()
         self.max_pending = max_pending or 4 * llm.info.max_num_seqs
         self.num_pending = 0
-        self.num_aborted = 0                # choices cancelled before they finished (disconnects)
         self._queues: dict[str, asyncio.Queue] = {}
         self._reports: list[asyncio.Future] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,7 +131,6 @@ class AsyncEngine:
         finally:
             running = tuple(t.req_id for t in tracked if not t.finished)
             if running and self.alive:
-                self.num_aborted += len(running)
                 self._submit(Abort(running))
             for rid in by_id:
                 self._queues.pop(rid, None)
@@ -144,11 +142,12 @@ class AsyncEngine:
         except (RuntimeError, OSError) as e:        # the workers are gone
             raise EngineStopped(f"engine stopped: {e}") from None
 
-    async def resources(self) -> dict:
-        """What the engine holds now (KV blocks, sampler slots, running and waiting requests)."""
+    async def report(self):
+        """The engine's `Reported`: what it holds now (KV blocks, sampler slots, running and
+        waiting requests) and how many requests finished so far, by finish reason."""
         if not self.alive:
             raise EngineStopped("the engine is not running")
         fut = self._loop.create_future()
         self._reports.append(fut)
         self._submit(Report())
-        return (await fut).resources
+        return await fut
