@@ -88,6 +88,8 @@ def run_serve(args) -> int:
         console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (TP={args.tp}, strategy "
                       f"{llm.info.strategy}, {llm.info.kv_tokens:,} KV tokens); Ctrl-C stops")
         serve_forever(app, sock, args.log_level)
+    except KeyboardInterrupt:                   # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
     finally:
         llm.close()
     return 0
