@@ -94,10 +94,10 @@ def _print_table(s: dict, title: str) -> None:
 
     console = Console()
     table = Table(title=title)
-    for col in ("metric", "p50", "p90", "p99"):
+    for col in ("ms", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
-    for key in ("ttft_ms", "tpot_ms"):
-        table.add_row(key.replace("_ms", " (ms)").upper(), *(f"{s[key][p]:.1f}" for p in ("p50", "p90", "p99")))
+    for key, label in (("ttft_ms", "time to first token"), ("tpot_ms", "time per output token")):
+        table.add_row(label, *(f"{s[key][p]:.1f}" for p in ("p50", "p90", "p99")))
     console.print(table)
     leaked = s["leaked_kv_blocks"] or s["leaked_sampler_slots"] or not s["idle"]
     console.print(f"{s['requests']} requests ({s['errors']} errors) in {s['duration_s']} s: "
@@ -139,6 +139,6 @@ def run_bench(args) -> dict:
         finally:
             llm.close()
     summary = {"model": model, "tp": getattr(args, "tp", None), "max_tokens": args.max_tokens, **summary}
-    _print_table(summary, f"bench serve: {model}, {args.clients} clients, {args.duration:g} s")
+    _print_table(summary, f"{model}: {args.clients} clients, {args.duration:g} s")
     print(json.dumps(summary))
     return summary
