@@ -56,6 +56,7 @@ def _all_strategies(group, vocab, steps, device):
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
     from rich.console import Console
     from rich.table import Table
+
     from .parallel.launch import spawn_ranks
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")

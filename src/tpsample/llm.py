@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 import warnings
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -158,7 +158,7 @@ class LLM:
             self._backend.close()
             self._backend = None
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

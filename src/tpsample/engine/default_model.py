@@ -112,7 +112,7 @@ def convert_in_subprocess(gguf_path: str, out: str) -> None:
     """convert_gguf in a child process: its memory is returned and tqdm bars stay off."""
     env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     done = subprocess.run([sys.executable, "-m", "tpsample.engine.default_model", gguf_path, out],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env=env, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
         raise DefaultModelUnavailable(f"converting the GGUF failed ({lines[-1] if lines else 'no output'})")

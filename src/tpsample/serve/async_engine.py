@@ -17,8 +17,7 @@ import asyncio
 import threading
 import uuid
 
-from tpsample.engine.core import (Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported,
-                                  TokenUpdate)
+from tpsample.engine.core import Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported, TokenUpdate
 from tpsample.engine.frontend import TrackedRequest
 
 

@@ -107,8 +107,9 @@ def add_chat_args(p) -> None:
 
 def run_chat(args) -> int:
     """Read a line, stream the answer, repeat; an empty line or EOF (Ctrl-D) ends. Piped stdin works."""
-    import tpsample
     from rich.console import Console
+
+    import tpsample
 
     params = tpsample.SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                                      seed=args.seed)

@@ -8,7 +8,7 @@ with the field in `param`); nothing here touches the engine.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,59 +23,59 @@ class StreamOptions(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    name: Optional[str] = None
-    schema_: Optional[dict] = Field(default=None, alias="schema")
-    strict: Optional[bool] = None
+    name: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Sampling(BaseModel):
     """The fields both endpoints share."""
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = None
+    model: str | None = None
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: Optional[dict[str, float]] = None
-    response_format: Optional[ResponseFormat] = None
-    user: Optional[str] = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
     # vLLM extensions
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     ignore_eos: bool = False
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[dict[str, Any]]
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 def check_unsupported(req: _Sampling) -> None:

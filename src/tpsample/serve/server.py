@@ -43,7 +43,7 @@ class BackgroundServer:
         self._server = _server(app, self.sock, log_level)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         self._thread.start()
         deadline = time.monotonic() + 60
         while not self._server.started:
