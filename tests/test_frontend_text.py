@@ -87,6 +87,9 @@ def test_llm_stop_strings_cut_exactly_where_the_free_text_has_them(llm):
     llm.generate(["the quick brown fox"], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]),
                  stream=lambda d: streamed.append(d.text))
     assert "".join(streamed) == out.text
+    later = llm.generate(["the quick brown fox"], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                                 stop=[stop], min_tokens=len(out.output_token_ids) + 2))[0]
+    assert len(later.output_token_ids) > len(out.output_token_ids), "no stop string before min_tokens (as vLLM)"
 
 
 def test_finish_and_stop_reasons_follow_vllm(llm):

@@ -40,8 +40,9 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
-    def add_token(self, token_id: int) -> str | None:
-        """Append one token; returns the stop string it completed (text already cut), else None."""
+    def add_token(self, token_id: int, check_stop: bool = True) -> str | None:
+        """Append one token; returns the stop string it completed (text already cut), else None.
+        check_stop=False (before min_tokens, as vLLM) appends without looking for stop strings."""
         self.tokens.append(token_id)
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
         full = self._decode(self.tokens[self.prefix_offset:])
@@ -50,7 +51,7 @@ class IncrementalDetokenizer:
         new = full[len(prefix):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
         self.text += new
-        return self._check_stop(len(new))
+        return self._check_stop(len(new)) if check_stop else None
 
     def _check_stop(self, num_new: int) -> str | None:
         best = None

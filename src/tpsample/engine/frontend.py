@@ -46,7 +46,8 @@ class TrackedRequest:
                 self.logprobs.append(upd.logprobs[j])
             last_stop_token = upd.stop_token and j == len(upd.new_token_ids) - 1
             if self.detok is not None and not (last_stop_token and not self.params.include_stop_str_in_output):
-                stop_str = self.detok.add_token(token)
+                num_out = len(self.output_token_ids) + len(new)
+                stop_str = self.detok.add_token(token, check_stop=num_out >= self.params.min_tokens)
                 if stop_str is not None:
                     break
         self.output_token_ids += new
