@@ -207,3 +207,19 @@ def test_nan_logits_end_the_request_with_finish_reason_error_and_a_count(tmp_pat
         assert out.num_nan_logits == 300
         assert any("NaN" in str(w.message) for w in caught)
         assert nan_llm._backend.engine.resources()["sampler_slots_used"] == 0
+
+
+def test_stop_strings_are_validated_and_normalised():
+    assert SamplingParams(stop="x").stop == ("x",) and SamplingParams(stop=["a", "bb"]).stop == ("a", "bb")
+    assert SamplingParams(stop=[]).stop is None
+    for bad, field in ((dict(stop=[""]), "stop"), (dict(stop=5), "stop"), (dict(stop=["a"] * 17), "stop"),
+                       (dict(stop=["x" * 257]), "stop"), (dict(include_stop_str_in_output=1), "include_stop_str")):
+        with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+            SamplingParams(**bad)
+
+
+def test_stop_strings_without_a_tokenizer_are_refused(tmp_path):
+    folder = make_random_checkpoint(str(tmp_path), family="llama", vocab_size=200)
+    with LLM(folder, dtype="float32", kv_cache_tokens=256) as bare:
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            bare.generate([[1, 2]], SamplingParams(stop=["x"]))
