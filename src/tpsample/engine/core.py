@@ -17,12 +17,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 
 from tpsample.engine.report import RunStats
 from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
-
-HEARTBEAT_S = 1.0     # an idle worker core says it is alive this often
-
 
 @dataclass(frozen=True)
 class NewRequest:
@@ -160,11 +158,13 @@ class LocalClient:
 
 
 def serve_core(engine, conn, first_cmd) -> None:
-    """Rank 0 of spawned workers: run the core on commands from the pipe until "shutdown"."""
+    """Rank 0 of spawned workers: run the core on commands from the pipe until "shutdown".
+    While busy, every round sends its events (possibly none: a sign of progress); idle, it
+    sends nothing and waits for the next command."""
     core, pending = EngineCore(engine), [first_cmd]
     while True:
-        busy = engine.has_unfinished() or pending
-        if conn.poll(0 if busy else HEARTBEAT_S):
+        busy = engine.has_unfinished() or bool(pending)
+        if conn.poll(0 if busy else None):
             while conn.poll(0):
                 msg = conn.recv()
                 if msg[0] == "shutdown":
@@ -173,27 +173,45 @@ def serve_core(engine, conn, first_cmd) -> None:
                 pending.append(msg[1])
         events = core.run_once(pending)
         pending = []
-        conn.send(("events", events) if events else ("alive",))
+        conn.send(("events", events))
 
 
 class WorkerClient:
-    """The parent side of `serve_core`: commands down the rank-0 pipe, events back."""
+    """The parent side of `serve_core`: commands down the rank-0 pipe, events back.
+
+    It knows when rank 0 owes it an answer (a request running, a command unanswered): then a
+    silence longer than `step_timeout_s` is a hung worker; otherwise silence just means idle.
+    """
 
     def __init__(self, backend):
         self.backend = backend
         self._lock = threading.Lock()
+        self._awaiting = 0                  # AddRequests / Report commands not answered yet
+        self._live: set[str] = set()
 
     def submit(self, cmd) -> None:
         if self.backend._closed:
             raise RuntimeError("tpsample engine is stopped")
         with self._lock:
+            self._awaiting += isinstance(cmd, (AddRequests, Report))
             self.backend.conns[0].send(("core", cmd))
 
     def poll(self, timeout: float | None = None) -> list:
-        """The next batch of events (or [] on a heartbeat); a dead or silent worker raises."""
-        if self.backend._closed:
+        """The next batch of events, or [] after `timeout` when idle; a dead or hung worker raises."""
+        b = self.backend
+        if b._closed:
             raise RuntimeError("tpsample engine is stopped")
-        if timeout == 0 and not self.backend._inbox[0] and not self.backend.conns[0].poll(0):
+        with self._lock:
+            busy = self._awaiting > 0 or bool(self._live)
+        if not busy and not b._inbox[0] and not wait(b.conns + [p.sentinel for p in b.procs], timeout):
             return []
-        msg = self.backend._receive(0, self.backend.cfg.step_timeout_s, "serving")
-        return msg[1] if msg[0] == "events" else []
+        msg = b._receive(0, b.cfg.step_timeout_s, "serving")
+        events = msg[1] if msg[0] == "events" else []
+        with self._lock:
+            for ev in events:
+                self._awaiting -= isinstance(ev, (Accepted, Rejected, Reported))
+                if isinstance(ev, Accepted):
+                    self._live.update(ev.req_ids)
+                elif isinstance(ev, TokenUpdate) and ev.finish_reason is not None:
+                    self._live.discard(ev.req_id)
+        return events
