@@ -1,8 +1,8 @@
 """`tpsample demo`, sampler part: one mixed batch under every strategy at TP ranks.
 
 Shows, per strategy: whether its tokens equal the TP=1 sampler's, the per-rank sampler peak
-memory, bytes moved per rank and collectives per step. The engine part (a random-weight
-Qwen2-shaped model) lives in `engine.cli_commands` and runs after this.
+memory, bytes moved per rank and collectives per step. The engine part (real chat answers at
+TP=1 and TP=3) lives in `engine.demo_engine` and runs after this; `closing_sentence` sums up both.
 """
 from __future__ import annotations
 
@@ -56,15 +56,23 @@ def _all_strategies(group, vocab, steps, device):
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
     from rich.console import Console
     from rich.table import Table
+
     from .parallel.launch import spawn_ranks
-    console = Console(width=120)
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    console = Console()
     console.print(f"[bold]tpsample demo[/bold]: {len(demo_params(vocab))} requests "
-                  f"({', '.join(n for n, _ in demo_params(vocab))}), vocab {vocab}, TP={tp} on {device} (gloo)")
-    ref = run_batch(None, "replicated", vocab, device=device)
-    per_rank = spawn_ranks(_all_strategies, tp, vocab, 3, device, timeout_s=600) if tp > 1 else [
-        _all_strategies(None, vocab, 3, device)]
-    table = Table(title=f"sampling strategies at TP={tp} (last step)")
-    for col in ("strategy", "tokens == TP=1", "peak MiB/rank", "local shard MiB", "KiB moved/rank", "collectives"):
+                  f"({', '.join(n for n, _ in demo_params(vocab))}), vocab {vocab:,}, TP={tp} on {device} (gloo)")
+    with console.status(f"sampling 3 steps under every strategy at TP={tp}"):
+        ref = run_batch(None, "replicated", vocab, device=device)
+        per_rank = spawn_ranks(_all_strategies, tp, vocab, 3, device, timeout_s=600) if tp > 1 else [
+            _all_strategies(None, vocab, 3, device)]
+    shard = per_rank[0][STRATEGIES[0]]["stats"].local_logits_bytes / 2**20
+    table = Table(title=f"sampler at TP={tp}, last step",
+                  caption=f"MiB/rank: sampler peak per rank (each rank's logits shard is {shard:.2f} MiB); "
+                          "KiB moved: sent + received per rank")
+    table.add_column("strategy", no_wrap=True)
+    for col in ("= TP=1", "MiB/rank", "KiB moved", "collectives"):
         table.add_column(col, justify="right")
     summary = {}
     for st in STRATEGIES:
@@ -72,10 +80,26 @@ def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) 
         stats = [r[st]["stats"] for r in per_rank]
         peak = max(x.peak_bytes for x in stats)
         moved = max(x.bytes_sent + x.bytes_received for x in stats)
-        name = st if st != "auto" else f"auto -> {stats[0].strategy}"
-        table.add_row(name, "yes" if same else "NO", f"{peak / 2**20:.2f}", f"{stats[0].local_logits_bytes / 2**20:.2f}",
-                      f"{moved / 1024:.1f}", str(stats[0].num_collectives))
+        name = st if st != "auto" else f"auto ({stats[0].strategy})"
+        table.add_row(name, "yes" if same else "NO", f"{peak / 2**20:.2f}", f"{moved / 1024:,.1f}",
+                      str(stats[0].num_collectives))
         summary[st] = {"identical": same, "peak_bytes": peak, "bytes_moved": moved}
     console.print(table)
-    console.print("tokens (step x request):", ref["tokens"])
     return summary
+
+
+def closing_sentence(sampler: dict | None, engine: dict | None, tp: int) -> str:
+    """One plain sentence saying what the demo showed."""
+    parts = []
+    if sampler:
+        same = all(v["identical"] for v in sampler.values())
+        mem = ", ".join(f"{k} {v['peak_bytes'] / 2**20:.1f} MiB" for k, v in sampler.items())
+        parts.append(f"{'every' if same else 'NOT every'} strategy sampled the same tokens at TP={tp} as at "
+                     f"TP=1 on a {DEMO_VOCAB:,}-token vocabulary (sampler peak per rank: {mem})")
+    if engine:
+        mem = ", ".join(f"{k} {v:.1f} MiB" for k, v in engine["peak_mib_per_rank"].items())
+        sizes = " and ".join(f"TP={t}" for t in engine["tp_sizes"])
+        parts.append(f"{engine['model']} wrote {'identical' if engine['identical'] else 'DIFFERENT'} chat answers "
+                     f"({engine['num_tokens']} tokens) at {sizes} under every strategy (sampling memory per rank "
+                     f"at TP={engine['tp_sizes'][-1]}: {mem})")
+    return ("The demo showed that " + "; and ".join(parts) + ".") if parts else ""

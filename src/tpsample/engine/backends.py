@@ -2,8 +2,8 @@
 
 - `InProcessBackend`: TP=1 in the caller's process.
 - `SpmdBackend`: under `torchrun`, every rank runs the same script, builds `tpsample.LLM`, and
-  calls `generate` with the same arguments; rank 0 schedules, the other ranks follow its steps,
-  and every rank returns the same outputs. One node or several:
+  calls `generate` with the same arguments; rank 0 runs the engine core, the other ranks follow
+  its steps, and every rank returns the same outputs. One node or several:
 
       torchrun --nproc-per-node 8 script.py                                   # one node
       torchrun --nnodes 2 --node-rank R --nproc-per-node 8 \\
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from tpsample.engine.config import EngineConfig
+from tpsample.engine.core import LocalClient
 from tpsample.engine.engine import follow
 from tpsample.engine.launch import build_engine, build_rank, init_groups, rank_device, resolve_device
 from tpsample.engine.step import EndOfGenerate, Shutdown
@@ -44,10 +45,10 @@ class InProcessBackend:
         runner, channel, peaks = build_rank(cfg, tp_group=None, control_group=None, device=device)
         self.engine = build_engine(runner, channel, peaks)
         self.info = self.engine.info
+        self._client = LocalClient(self.engine)
 
-    def generate(self, prompts, params, guided, on_delta):
-        outputs = self.engine.generate(prompts, params, guided, on_delta)
-        return outputs, self.engine.stats
+    def client(self) -> LocalClient:
+        return self._client
 
     def close(self) -> None:
         """Frees the model, KV cache and graphs now, so a next LLM in this process finds the memory."""
@@ -72,22 +73,24 @@ class SpmdBackend:
         info = [self.engine.info if self.engine else None]
         dist.broadcast_object_list(info, src=0, group=control)
         self.info = info[0]
+        self._client = LocalClient(self.engine) if self.engine is not None else None
 
-    def generate(self, prompts, params, guided, on_delta):
-        if self.engine is None:
-            msg = follow(self.runner, self.channel)
-            if not isinstance(msg, EndOfGenerate):
-                raise RuntimeError("rank 0 shut the engine down")
-            if msg.error is not None:
-                raise msg.error
-            return msg.outputs
-        try:
-            outputs = self.engine.generate(prompts, params, guided, on_delta)
-        except ValueError as e:
-            self.channel.send(EndOfGenerate(error=e))
-            raise
-        self.channel.send(EndOfGenerate(outputs=(outputs, self.engine.stats)))
-        return outputs, self.engine.stats
+    def client(self) -> LocalClient | None:
+        """Rank 0's engine core; None on the ranks that follow (they call `follow_generate`)."""
+        return self._client
+
+    def follow_generate(self):
+        """Ranks > 0: run rank 0's steps until its generate() ends; return what it returned."""
+        msg = follow(self.runner, self.channel)
+        if not isinstance(msg, EndOfGenerate):
+            raise RuntimeError("rank 0 shut the engine down")
+        if msg.error is not None:
+            raise msg.error
+        return msg.outputs
+
+    def end_generate(self, outputs=None, error: BaseException | None = None) -> None:
+        """Rank 0: release the following ranks with the outputs (or the error) of generate()."""
+        self.channel.send(EndOfGenerate(outputs=outputs, error=error))
 
     def close(self) -> None:
         """Collective, like generate: rank 0 sends Shutdown, every other rank waits for it."""

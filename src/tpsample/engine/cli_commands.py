@@ -27,7 +27,8 @@ def _engine_args(p) -> None:
 
 
 def add_generate_args(p) -> None:
-    p.add_argument("--model", required=True, help="local HF folder (config.json + *.safetensors)")
+    p.add_argument("--model", default=None,
+                   help="local HF folder (config.json + *.safetensors); default: SmolLM2-135M-Instruct")
     p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable; needs a tokenizer)")
     p.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids (repeatable)")
     _engine_args(p)
@@ -40,7 +41,9 @@ def add_generate_args(p) -> None:
     p.add_argument("--logprobs", type=int, default=None)
     p.add_argument("--json-schema", default=None, help="a JSON schema (inline JSON or @file)")
     p.add_argument("--regex", default=None, help="constrain the output to this regex")
-    p.add_argument("--stream", action="store_true", help="print tokens as they come")
+    p.add_argument("--stream", action="store_true", help="print the text as it comes")
+    p.add_argument("--chat", action="store_true", help="apply the chat template: each --prompt is a user message")
+    p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
 
 
 def _llm_from_args(args, model: str):
@@ -63,6 +66,13 @@ def _guided(args):
     return GuidedDecoding(regex=args.regex) if args.regex else None
 
 
+def _text_printer(num_prompts: int):
+    """Stream text as it comes: bare for one prompt, one tagged line per delta for several."""
+    if num_prompts == 1:
+        return lambda d: print(d.text if d.text else "", end="\n" if d.finished else "", flush=True)
+    return lambda d: d.text and print(f"[{d.index}] {d.text!r}", flush=True)
+
+
 def run_generate(args) -> int:
     import tpsample
 
@@ -72,10 +82,18 @@ def run_generate(args) -> int:
         return 2
     params = tpsample.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      min_p=args.min_p, seed=args.seed, logprobs=args.logprobs,
-                                     max_tokens=args.max_tokens)
-    with _llm_from_args(args, args.model) as llm:
-        stream = (lambda d: print(f"[{d.index}] +{d.new_token_ids}", flush=True)) if args.stream else None
-        outs = llm.generate(prompts, params, guided=_guided(args), stream=stream)
+                                     max_tokens=args.max_tokens, stop=args.stop)
+    if args.chat and args.prompt_ids:
+        raise ValueError("--chat takes text --prompt messages, not --prompt-ids")
+    from tpsample.engine.default_model import quiet_transformers, resolve_model
+    quiet_transformers()
+    with _llm_from_args(args, resolve_model(args.model)[0]) as llm:
+        stream = _text_printer(len(prompts)) if args.stream else None
+        if args.chat:
+            outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, guided=_guided(args),
+                            stream=stream)
+        else:
+            outs = llm.generate(prompts, params, guided=_guided(args), stream=stream)
         for i, out in enumerate(outs):
             shown = out.text if out.text is not None else out.output_token_ids
             print(f"[{i}] ({out.finish_reason}, {len(out.output_token_ids)} tokens) {shown!r}")
@@ -85,23 +103,25 @@ def run_generate(args) -> int:
 
 
 def add_demo_engine_args(p) -> None:
-    """Options of the engine part of `tpsample demo` (--tp and --device come from the demo itself)."""
-    p.add_argument("--engine-requests", type=int, default=24, help="requests in the engine demo batch")
-    p.add_argument("--engine-max-tokens", type=int, default=24)
-    p.add_argument("--engine-max-num-seqs", type=int, default=128, help="rows the KV profile reserves for")
-    p.add_argument("--engine-memory-mib", type=int, default=512, help="per-rank memory budget on CPU")
-    p.add_argument("--engine-model", default=None, help="a local HF folder instead of the random model")
+    """Options of the engine part of `tpsample demo` (--device comes from the demo itself)."""
+    p.add_argument("--engine-model", default=None,
+                   help="local HF folder for the engine part (default: SmolLM2-135M-Instruct, fetched once)")
+    p.add_argument("--engine-tp", default=None,
+                   help="comma-separated TP sizes for the engine part (default: 1 and the smallest > 1 that "
+                        "splits the model: 1,3 for SmolLM2)")
+    p.add_argument("--engine-max-tokens", type=int, default=24, help="tokens per chat answer (default: 24)")
 
 
 def run_demo_engine(args) -> dict:
     from tpsample.engine.demo_engine import run_demo
 
-    return run_demo(tp=getattr(args, "tp", 2), device=getattr(args, "device", None) or "cpu",
-                    num_requests=getattr(args, "engine_requests", 24),
-                    max_tokens=getattr(args, "engine_max_tokens", 24),
-                    max_num_seqs=getattr(args, "engine_max_num_seqs", 128),
-                    cpu_memory_bytes=getattr(args, "engine_memory_mib", 512) << 20,
-                    model=getattr(args, "engine_model", None))
+    sizes = _csv_ints(args.engine_tp) if getattr(args, "engine_tp", None) else None
+    if sizes is not None and (not sizes or min(sizes) < 1):
+        raise ValueError(f"--engine-tp must list TP sizes >= 1, got {args.engine_tp!r}")
+    if getattr(args, "engine_max_tokens", 24) < 1:
+        raise ValueError(f"--engine-max-tokens must be >= 1, got {args.engine_max_tokens}")
+    return run_demo(model=getattr(args, "engine_model", None), tp_sizes=sizes,
+                    device=getattr(args, "device", None) or "cpu", max_tokens=getattr(args, "engine_max_tokens", 24))
 
 
 def add_bench_engine_args(p) -> None:

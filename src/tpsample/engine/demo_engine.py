@@ -1,76 +1,103 @@
-"""The engine part of `tpsample demo`: a random-weight Qwen2-shaped model with the real
-151,936-token vocabulary (hidden 64, 2 layers, so it runs on a laptop CPU) at TP ranks, one
-mixed batch through every strategy. Per strategy: tokens identical to `replicated`, per-rank
-sampler peak (profile step at max_num_seqs rows), KV blocks the remaining memory buys, how many
-requests of the batch's size those blocks hold at once, the peak actually running, tokens/s.
+"""The engine part of `tpsample demo`: real chat answers at two TP sizes under every strategy.
+
+The model is SmolLM2-135M-Instruct (fetched and converted once, see `default_model`), any
+local HF folder, or, offline, a tiny random model. A few chat requests (greedy and seeded
+sampling) run through a fresh engine per (TP size, strategy); the demo shows the answers, that
+every run produced the same tokens as the first, and each run's sampling memory per rank (the
+profile step at max_num_seqs rows). Ranks use one CPU thread each at every TP size, so a shared
+machine does not stall and the runs compare like for like.
 """
 from __future__ import annotations
 
-import random
-import tempfile
-
-from tpsample.engine.toy import QWEN2_VOCAB, make_random_checkpoint
+import time
 
 STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+CHATS = [("What is the capital of France?", dict(temperature=0.0)),
+         ("Name three primary colors.", dict(temperature=0.0)),
+         ("What is 2 + 2?", dict(temperature=0.0)),
+         ("Say hello in Spanish.", dict(temperature=0.8, top_p=0.9, seed=1))]
 
 
-def demo_requests(num_requests: int, max_tokens: int, vocab_size: int, seed: int = 0):
-    """A mixed batch: greedy, top-k/top-p with logprobs, min-p, penalties; varied prompt lengths."""
-    from tpsample import SamplingParams
+def demo_tp_sizes(folder: str, limit: int = 4) -> list[int]:
+    """1 and the smallest TP size above 1 that splits the model (3 for SmolLM2's 9 / 3 heads)."""
+    from tpsample.model import ModelConfig
 
-    rng = random.Random(seed)
-    kinds = [dict(temperature=0.0), dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=2),
-             dict(temperature=1.0, min_p=0.05), dict(temperature=0.7, repetition_penalty=1.3, frequency_penalty=0.5),
-             dict(temperature=1.0, top_p=0.95)]
-    prompts = [[rng.randrange(vocab_size) for _ in range(rng.randint(4, 40))] for _ in range(num_requests)]
-    params = [SamplingParams(seed=1000 + i, max_tokens=rng.randint(max_tokens // 2, max_tokens), ignore_eos=True,
-                             **kinds[i % len(kinds)]) for i in range(num_requests)]
-    return prompts, params
+    cfg = ModelConfig.from_folder(folder)
+    more = [t for t in range(2, limit + 1) if not cfg.tp_problems(t)]
+    return [1] + more[:1]
 
 
-def run_strategy(folder: str, strategy: str, prompts, params, *, tp: int, device: str | None,
-                 cpu_memory_bytes: int, max_num_seqs: int) -> dict:
+def run_one(folder: str, tp: int, strategy: str, *, max_tokens: int, device: str | None,
+            max_num_seqs: int, cpu_memory_bytes: int) -> dict:
+    import tpsample
     from tpsample.llm import LLM
 
-    with LLM(folder, tensor_parallel_size=tp, strategy=strategy, device=device, dtype="float32",
-             max_num_seqs=max_num_seqs, cpu_memory_bytes=cpu_memory_bytes) as llm:
-        outs = llm.generate(prompts, params)
-        info, stats = llm.info, llm.last_stats
-    per_request = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params)) // len(prompts)
-    return {"tokens": [o.output_token_ids for o in outs], "sampler_peak_bytes": list(info.sampler_peak_bytes),
-            "kv_blocks": info.num_kv_blocks, "kv_tokens": info.kv_tokens,
-            "kv_bound_concurrency": info.kv_tokens // per_request, "max_running": stats.max_running,
-            "tokens_per_s": stats.output_tokens_per_s, "preemptions": stats.num_preemptions}
+    params = [tpsample.SamplingParams(max_tokens=max_tokens, **kw) for _, kw in CHATS]
+    start = time.perf_counter()
+    with LLM(folder, tensor_parallel_size=tp, strategy=strategy, device=device, max_num_seqs=max_num_seqs,
+             cpu_memory_bytes=cpu_memory_bytes) as llm:
+        outs = llm.chat([[{"role": "user", "content": q}] for q, _ in CHATS], params)
+        info = llm.info
+    return {"tp": tp, "strategy": strategy, "tokens": [o.output_token_ids for o in outs],
+            "texts": [o.text.strip() + (" ..." if o.finish_reason == "length" else "") for o in outs], "sampler_peak_bytes": list(info.sampler_peak_bytes),
+            "kv_tokens": info.kv_tokens, "seconds": time.perf_counter() - start}
 
 
-def print_table(results: dict, tp: int) -> None:
-    from rich.console import Console
+def _show(console, results: list[dict], what: str) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    ref = results[STRATEGIES[0]]["tokens"]
-    table = Table(title=f"engine, TP={tp}, random Qwen2-shaped model, V={QWEN2_VOCAB:,}")
-    for col in ("strategy", "tokens = replicated", "sampler peak / rank (MiB)", "KV blocks",
-                "requests the KV holds", "peak running", "tokens/s"):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
-    for name, r in results.items():
+    first = results[0]
+    console.print(f"\n[bold]{what}[/bold] answers (identical in every run below):")
+    for (q, kw), text in zip(CHATS, first["texts"]):
+        how = "greedy" if not kw.get("temperature") else f"T={kw['temperature']}, seed {kw['seed']}"
+        console.print(Text.assemble(("Q", "cyan"), f" ({how}): {q}\n", ("A", "green"), f": {text}"))
+    table = Table(title="the same chat requests, one engine per row")
+    for col, just in (("TP", "right"), ("strategy", "left"), ("same tokens", "center"),
+                      ("sampling MiB / rank", "right"), ("s", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    for r in results:
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
-        table.add_row(name, "yes" if r["tokens"] == ref else "NO", peaks, f"{r['kv_blocks']:,}",
-                      f"{r['kv_bound_concurrency']:,}", str(r["max_running"]), f"{r['tokens_per_s']:.0f}")
-    Console(width=140).print(table)
+        table.add_row(str(r["tp"]), r["strategy"], "yes" if r["tokens"] == first["tokens"] else "NO", peaks,
+                      f"{r['seconds']:.0f}")
+    console.print(table)
 
 
-def run_demo(*, tp: int = 2, device: str | None = "cpu", num_requests: int = 24, max_tokens: int = 24,
-             max_num_seqs: int = 128, cpu_memory_bytes: int = 512 << 20, model: str | None = None) -> dict:
-    """Run every strategy on one mixed batch; print the table; return the per-strategy results."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = model or make_random_checkpoint(tmp, family="qwen2", vocab_size=QWEN2_VOCAB, hidden_size=64,
-                                                 num_layers=2, num_heads=4, num_kv_heads=2,
-                                                 intermediate_size=128, tie_word_embeddings=True, init_std=0.5)
+def run_demo(*, model: str | None = None, tp_sizes: list[int] | None = None, device: str | None = "cpu",
+             max_tokens: int = 24, max_num_seqs: int = 16, cpu_memory_bytes: int = 1 << 30, console=None) -> dict:
+    """Run every (TP size, strategy); print answers and table; return a summary."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tpsample.engine.default_model import quiet_transformers, resolve_model
+
+    console = console or Console()
+    quiet_transformers()
+    folder, what = resolve_model(model, console)
+    sizes = tp_sizes or demo_tp_sizes(folder)
+    for tp in sizes:
         from tpsample.model import ModelConfig
-
-        prompts, params = demo_requests(num_requests, max_tokens, ModelConfig.from_folder(folder).vocab_size)
-        results = {s: run_strategy(folder, s, prompts, params, tp=tp, device=device,
-                                   cpu_memory_bytes=cpu_memory_bytes, max_num_seqs=max_num_seqs)
-                   for s in STRATEGIES}
-    print_table(results, tp)
-    return results
+        ModelConfig.from_folder(folder).check_tensor_parallel(tp)
+    runs = [(tp, s) for tp in sizes for s in STRATEGIES]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    results = []
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("engine", total=len(runs))
+            for tp, strategy in runs:
+                bar.update(task, description=f"engine: {what}, TP={tp}, {strategy}")
+                results.append(run_one(folder, tp, strategy, max_tokens=max_tokens, device=device,
+                                       max_num_seqs=max_num_seqs, cpu_memory_bytes=cpu_memory_bytes))
+                bar.advance(task)
+    finally:
+        torch.set_num_threads(threads)
+    _show(console, results, what)
+    last_tp = sizes[-1]
+    return {"model": what, "tp_sizes": sizes, "identical": all(r["tokens"] == results[0]["tokens"] for r in results),
+            "num_tokens": sum(len(t) for t in results[0]["tokens"]),
+            "peak_mib_per_rank": {r["strategy"]: max(r["sampler_peak_bytes"]) / 2**20
+                                  for r in results if r["tp"] == last_tp},
+            "runs": results}

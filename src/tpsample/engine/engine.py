@@ -2,20 +2,23 @@
 
 Contract
 - Inputs: token-id prompts with `SamplingParams` (and optional `GuidedDecoding`), through
-  `generate` or `add_request` + `step`.
-- Outputs: `RequestOutput`s in prompt order; `StreamDelta`s to an optional callback per step.
+  `make_request` + `add_request`, then `step` until `has_unfinished()` is False; `abort` cancels
+  a request between steps. `engine.core.EngineCore` drives this loop for every front end.
+- Outputs: from `step`, (request, new token ids) for each request that sampled; a request's
+  `to_output()` once it finished.
 - Invariants: each step is planned once (scheduler, rank 0), sent unchanged to every rank
   (`StepChannel`), and executed by every rank's runner in the same order; a bad request raises
-  ValueError before it touches the scheduler or any rank, so running requests are undisturbed.
-- Knows nothing about tokenization (grammars arrive as a ready `GrammarBackend`) or processes.
+  ValueError before it touches the scheduler or any rank, so running requests are undisturbed;
+  an aborted request's KV blocks and sampler slot (on every rank) are free when `abort` returns.
+- Knows nothing about tokenization (grammars arrive as a ready `GrammarBackend`, stop strings are
+  the front end's) or processes.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from tpsample.engine.report import EngineInfo, RunStats
-from tpsample.engine.request import GuidedDecoding, Request, RequestOutput, StreamDelta, TokenLogprob
+from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.scheduler import Scheduler
 from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel, StepInput
@@ -53,7 +56,7 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------------------
     def make_request(self, prompt_token_ids, params, guided: GuidedDecoding | None = None,
-                     index: int = 0) -> Request:
+                     index: int = 0, req_id: str | None = None) -> Request:
         """A validated request (ValueError naming the problem); nothing is scheduled yet."""
         import tpsample
 
@@ -73,7 +76,7 @@ class Engine:
             if self.grammar is None:
                 raise ValueError(f"prompt {index}: guided decoding needs a tokenizer in the model folder")
             matcher = self.grammar.matcher(guided)
-        req = Request(req_id=f"req-{self._next_id}", index=index, prompt_token_ids=prompt, params=params,
+        req = Request(req_id=req_id or f"req-{self._next_id}", index=index, prompt_token_ids=prompt, params=params,
                       guided=guided, matcher=matcher)
         req.logprobs = [] if params.logprobs is not None else None
         self._next_id += 1
@@ -85,6 +88,13 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def abort(self, req: Request) -> bool:
+        """Finish `req` with reason "abort" and free its blocks and slot now; False if it had finished."""
+        if not self.scheduler.abort(req):
+            return False
+        self.flush()
+        return True
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, list[int]]]:
@@ -102,7 +112,8 @@ class Engine:
             proposed = sum(len(d) for d in step.draft_token_ids)
             self.stats.num_draft_tokens += proposed
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
-        results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out))
+        results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out),
+                                        out.num_nans.tolist(), out.num_fallback.tolist())
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
         if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
             self.stats.add_decode_step(time.perf_counter() - start, sum(step.seq_lens))
@@ -116,25 +127,19 @@ class Engine:
             self.channel.send(step)
             self.runner.execute(step)
 
-    def generate(self, prompts: list[list[int]], params: list, guided: list | None = None,
-                 on_delta: Callable[[StreamDelta], None] | None = None) -> list[RequestOutput]:
-        """Run the prompts to completion. Raises ValueError for a bad prompt before running any."""
-        guided = guided or [None] * len(prompts)
-        reqs = [self.make_request(p, sp, g, i) for i, (p, sp, g) in enumerate(zip(prompts, params, guided))]
-        self.stats = RunStats()
-        start = time.perf_counter()
-        for req in reqs:
-            self.add_request(req)
-        while self.has_unfinished():
-            for req, new in self.step():
-                if on_delta is not None and new:
-                    on_delta(StreamDelta(req.index, req.req_id, new, req.finish_reason is not None, req.finish_reason))
-        self.flush()
-        self.stats.wall_s = time.perf_counter() - start
-        self.stats.num_preemptions = self.scheduler.num_preemptions
-        self.stats.max_running = self.scheduler.max_running
+    def take_stats(self) -> RunStats:
+        """The counters since the last call (wall_s is the caller's to fill), then reset them."""
+        stats, self.stats = self.stats, RunStats()
+        stats.num_preemptions, stats.max_running = self.scheduler.num_preemptions, self.scheduler.max_running
         self.scheduler.num_preemptions = self.scheduler.max_running = 0
-        return [req.to_output() for req in reqs]
+        return stats
+
+    def resources(self) -> dict:
+        """What is held right now: a finished, flushed engine holds no block and no slot."""
+        sched = self.scheduler
+        return {"num_kv_blocks": sched.blocks.num_blocks, "free_kv_blocks": sched.blocks.num_free,
+                "running": len(sched.running), "waiting": len(sched.waiting),
+                "sampler_slots_used": len(self.runner.sampler.slots.requests)}
 
     def shutdown(self) -> None:
         self.channel.send(Shutdown())

@@ -1,8 +1,9 @@
 """TP>1 on one host without torchrun: one spawned worker process per rank, rank 0 driving.
 
 The caller's process starts the workers (torch.multiprocessing spawn), finds a free port at run
-time, and talks to rank 0 over a pipe: rank 0 runs the engine and streams deltas back; the other
-ranks follow rank 0's steps. The caller watches every worker: a worker that dies or raises, or a
+time, and talks to rank 0 over a pipe: rank 0 runs the engine core (`engine.core.serve_core`),
+taking requests and aborts at any time and sending events back; the other ranks follow rank 0's
+steps. The caller watches every worker: a worker that dies or raises, or a
 step with no answer within `step_timeout_s`, stops all workers and raises RuntimeError naming the
 rank. A bad request comes back as ValueError and the engine stays usable.
 """
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tpsample.engine.config import EngineConfig
+from tpsample.engine.core import WorkerClient, serve_core
 from tpsample.engine.engine import follow
 from tpsample.engine.launch import build_engine, build_rank, free_port, init_groups, rank_device, resolve_device
 
@@ -47,19 +49,11 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
 
 
 def _serve(engine, conn) -> None:
-    while True:
-        cmd = conn.recv()
-        if cmd[0] == "shutdown":
-            engine.shutdown()
-            return
-        _, prompts, params, guided, stream = cmd
-        on_delta = (lambda d: conn.send(("delta", d))) if stream else (lambda d: conn.send(("alive",)))
-        try:
-            outputs = engine.generate(prompts, params, guided, on_delta)
-        except ValueError as e:
-            conn.send(("error", e))
-            continue
-        conn.send(("done", outputs, engine.stats))
+    cmd = conn.recv()
+    if cmd[0] == "shutdown":
+        engine.shutdown()
+    else:
+        serve_core(engine, conn, cmd[1])
 
 
 class MultiprocBackend:
@@ -117,18 +111,9 @@ class MultiprocBackend:
         self.close(force=True)
         raise error(f"tpsample engine stopped: {why}")
 
-    def generate(self, prompts, params, guided, on_delta):
-        if self._closed:
-            raise RuntimeError("tpsample engine is stopped")
-        self.conns[0].send(("generate", prompts, params, guided, on_delta is not None))
-        while True:
-            msg = self._receive(0, self.cfg.step_timeout_s, "generate")
-            if msg[0] == "delta":
-                on_delta(msg[1])
-            elif msg[0] == "error":
-                raise msg[1]
-            elif msg[0] == "done":
-                return msg[1], msg[2]
+    def client(self) -> WorkerClient:
+        """The engine core's client (requests, aborts, events); see `engine.core`."""
+        return WorkerClient(self)
 
     def close(self, force: bool = False) -> None:
         if self._closed:

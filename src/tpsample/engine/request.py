@@ -35,7 +35,8 @@ class GuidedDecoding:
         """(kind, source) with the schema serialised, so equal requests share a compiled grammar."""
         if self.json_schema is not None:
             schema = self.json_schema
-            source = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+            # key order is part of the schema: properties are generated in the order given
+            source = schema if isinstance(schema, str) else json.dumps(schema)
             return ("json_schema_ws" if self.any_whitespace else "json_schema"), source
         if self.regex is not None:
             return "regex", self.regex
@@ -54,15 +55,24 @@ class TokenLogprob:
     top_logprobs: tuple[float, ...]
 
 
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
 @dataclass
 class RequestOutput:
+    """One finished request. As in vLLM: finish_reason "stop" (EOS, a stop token, a stop string
+    or a finished grammar), "length" (max_tokens or max_model_len), "abort" (cancelled), "error"
+    (the logits were NaN and left nothing to sample); stop_reason is the matched stop string or
+    stop token id, None for EOS and every other reason."""
     request_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    finish_reason: str | None          # "stop" | "length"; None while streaming
+    finish_reason: str | None          # one of FINISH_REASONS; None while streaming
     logprobs: list[TokenLogprob] | None = None
     text: str | None = None
     prompt: str | None = None
+    stop_reason: str | int | None = None
+    num_nan_logits: int = 0            # NaN values seen in this request's logits rows
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,8 @@ class StreamDelta:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None
+    text: str = ""                      # the new text (never a broken character); "" without a tokenizer
+    stop_reason: str | int | None = None
 
 
 class Status(enum.Enum):
@@ -94,6 +106,8 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    stop_reason: int | None = None      # the stop token id that finished it (None for EOS)
+    num_nan_logits: int = 0
     in_sampler: bool = False            # added to the sampler on every rank (kept while preempted)
     num_preemptions: int = 0
     matcher: Any = None                 # xgrammar.GrammarMatcher for guided requests
@@ -111,4 +125,5 @@ class Request:
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
-                             self.finish_reason, self.logprobs)
+                             self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
+                             num_nan_logits=self.num_nan_logits)

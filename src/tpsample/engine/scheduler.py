@@ -1,8 +1,9 @@
 """Scheduler: continuous batching under a token budget, with preemption by recompute.
 
 Contract
-- Inputs: requests (`add`), then per step `schedule()` -> `StepInput` and, once the step ran,
-  `update(sampled_token_ids, num_sampled, logprobs)` with the sampler's output (batch order).
+- Inputs: requests (`add`, `abort`), then per step `schedule()` -> `StepInput` and, once the step
+  ran, `update(sampled_token_ids, num_sampled, logprobs, num_nans, num_fallback)` with the
+  sampler's output (batch order).
 - Outputs: `StepInput`s (plain data sent to every rank) and, from `update`, the tokens each
   request gained this step.
 - Invariants: one scheduler, on rank 0; a request holds KV blocks only while running; prefill and
@@ -12,6 +13,8 @@ Contract
   keeps its sampler slot, so its penalty history and positions carry on and (with seeded,
   position-keyed noise) it produces the tokens it would have produced without preemption.
   The sampler holds at most `max_num_seqs` requests; slots are freed through `StepInput.remove`.
+  An aborted request frees its blocks at once and its slot with the next removal; a step whose
+  rows were NaN and left nothing to sample ends the request with finish reason "error".
 - Never imports torch.distributed, the model, or the sampler: it only plans.
 """
 from __future__ import annotations
@@ -49,6 +52,13 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def abort(self, req: Request) -> bool:
+        """Finish `req` now with reason "abort" (between steps only); False if already finished."""
+        if req.status == Status.FINISHED:
+            return False
+        self._finish(req, "abort")
+        return True
 
     def pending_removals(self) -> tuple[str, ...]:
         removed, self._to_remove = tuple(self._to_remove), []
@@ -165,7 +175,8 @@ class Scheduler:
 
     # -- results ------------------------------------------------------------------------------
     def update(self, sampled: list[list[int]], num_sampled: list[int],
-               logprobs: list[list[TokenLogprob]] | None) -> list[tuple[Request, list[int]]]:
+               logprobs: list[list[TokenLogprob]] | None, num_nans: list[int] | None = None,
+               num_fallback: list[int] | None = None) -> list[tuple[Request, list[int]]]:
         """Advance every scheduled request; return (request, new tokens) for those that sampled."""
         results, i = [], 0
         for req, num_new, drafts in self._scheduled:
@@ -174,6 +185,13 @@ class Scheduler:
                 continue                                   # a prefill chunk: nothing sampled
             n = num_sampled[i]
             req.num_computed_tokens += n - 1               # accepted drafts now have valid K/V
+            nans = num_nans[i] if num_nans is not None else 0
+            req.num_nan_logits += nans
+            if nans and num_fallback is not None and num_fallback[i]:
+                self._finish(req, "error")                 # NaN rows left nothing to sample from
+                results.append((req, []))
+                i += 1
+                continue
             new = self._append(req, sampled[i][:n], None if logprobs is None else logprobs[i])
             results.append((req, new))
             i += 1
@@ -201,7 +219,10 @@ class Scheduler:
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p, num_out = req.params, len(req.output_token_ids)
         if num_out >= p.min_tokens:
-            if token in (p.stop_token_ids or ()) or (not p.ignore_eos and token in self.eos_token_ids):
+            if token in (p.stop_token_ids or ()):
+                req.stop_reason = token                    # vLLM: the stop token id; None for EOS
+                return "stop"
+            if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
             if req.matcher is not None and req.matcher.is_terminated():
                 return "stop"
@@ -210,11 +231,12 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: str) -> None:
+        (self.waiting if req.status == Status.WAITING else self.running).remove(req)
         req.finish_reason, req.status = reason, Status.FINISHED
         self.blocks.free(req.block_ids)
-        self.running.remove(req)
-        self._to_remove.append(req.req_id)
-        self._num_in_sampler -= 1
+        if req.in_sampler:                                 # a request never run holds no slot
+            self._to_remove.append(req.req_id)
+            self._num_in_sampler -= 1
         self._pages_sent.pop(req.req_id, None)
         if self._ngram is not None:
             self._ngram.drop(req.req_id)

@@ -6,27 +6,41 @@ Lives on rank 0 with the scheduler; the bitmask travels to every rank inside the
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from tpsample.engine.request import GuidedDecoding
 
 
 class GrammarBackend:
-    """Compiles grammars against one tokenizer and the model's vocab size (cached by source)."""
+    """Compiles grammars against one tokenizer and the model's vocab size (cached by source).
+
+    `tokenizer` may be a zero-argument callable returning it: xgrammar's tokenizer tables are
+    then built on the first guided request (seconds for a large vocabulary), not at start-up.
+    """
 
     def __init__(self, tokenizer, vocab_size: int):
-        import xgrammar as xgr
-
-        self._xgr = xgr
         self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._tokenizer = tokenizer
+        self._compiler = None
         self._cache: dict[tuple[str, str], object] = {}
+
+    def _ensure_compiler(self):
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            self._xgr = xgr
+            tok = self._tokenizer() if callable(self._tokenizer) else self._tokenizer
+            info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
 
     def compile(self, guided: GuidedDecoding):
         """The compiled grammar; raises ValueError for a schema/regex/grammar xgrammar rejects."""
         key = guided.key()
         if key not in self._cache:
+            self._ensure_compiler()
             kind, source = key
             try:
                 if kind in ("json_schema", "json_schema_ws"):
@@ -38,12 +52,14 @@ class GrammarBackend:
                 else:
                     compiled = self._compiler.compile_builtin_json_grammar()
             except Exception as e:  # xgrammar raises RuntimeError / its own types for bad sources
-                raise ValueError(f"guided decoding {kind} does not compile: {e}") from e
+                why = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())   # drop its C++ source prefix
+                raise ValueError(f"guided decoding {kind} does not compile: {why}") from e
             self._cache[key] = compiled
         return self._cache[key]
 
     def matcher(self, guided: GuidedDecoding):
-        return self._xgr.GrammarMatcher(self.compile(guided))
+        compiled = self.compile(guided)
+        return self._xgr.GrammarMatcher(compiled)
 
     def empty_bitmask(self, num_rows: int) -> torch.Tensor:
         """[num_rows, ceil(V/32)] int32, every token allowed."""

@@ -9,7 +9,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 def load_tokenizer(folder: str):
     """The folder's tokenizer, or None when it has none."""
-    if not any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
+    if not has_tokenizer(folder):
         return None
     from transformers import AutoTokenizer
 
@@ -26,15 +26,17 @@ def generation_eos_ids(folder: str) -> tuple[int, ...]:
     return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
 
 
+def has_tokenizer(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES)
+
+
 def make_grammar_backend(folder: str, vocab_size: int):
-    """A GrammarBackend when the folder has a tokenizer and xgrammar is installed, else None."""
-    tokenizer = load_tokenizer(folder)
-    if tokenizer is None:
-        return None
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError:
+    """A GrammarBackend when the folder has a tokenizer and xgrammar is installed, else None.
+    The tokenizer and xgrammar's tables load on the first guided request."""
+    import importlib.util
+
+    if not has_tokenizer(folder) or importlib.util.find_spec("xgrammar") is None:
         return None
     from tpsample.engine.structured import GrammarBackend
 
-    return GrammarBackend(tokenizer, vocab_size)
+    return GrammarBackend(lambda: load_tokenizer(folder), vocab_size)

@@ -9,6 +9,8 @@ import os
 import torch
 
 QWEN2_VOCAB = 151_936
+TOY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def make_random_checkpoint(folder: str, *, family: str = "qwen2", vocab_size: int = 512,
@@ -16,8 +18,9 @@ def make_random_checkpoint(folder: str, *, family: str = "qwen2", vocab_size: in
                            num_kv_heads: int = 2, intermediate_size: int = 128,
                            tie_word_embeddings: bool = False, rope_scaling: dict | None = None,
                            max_position_embeddings: int = 1024, eos_token_id: int | None = None,
-                           init_std: float = 0.02, seed: int = 0, tokenizer: bool = False) -> str:
-    """Write config.json + model.safetensors (+ a byte-level tokenizer) into folder."""
+                           init_std: float = 0.02, seed: int = 0, tokenizer: bool = False,
+                           chat_template: bool = False) -> str:
+    """Write config.json + model.safetensors (+ a byte-level tokenizer, + a plain chat template)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -41,7 +44,10 @@ def make_random_checkpoint(folder: str, *, family: str = "qwen2", vocab_size: in
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
-        make_byte_tokenizer(vocab_size, eos_token_id).save_pretrained(folder)
+        tok = make_byte_tokenizer(vocab_size, eos_token_id)
+        if chat_template:
+            tok.chat_template = TOY_CHAT_TEMPLATE
+        tok.save_pretrained(folder)
     return folder
 
 

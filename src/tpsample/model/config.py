@@ -57,8 +57,49 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: str) -> "ModelConfig":
-        with open(os.path.join(folder, "config.json")) as f:
-            return cls.from_dict(json.load(f))
+        """ValueError naming the problem for a missing folder, a file, or a broken config.json."""
+        folder = os.fspath(folder)
+        if os.path.isfile(folder):
+            raise ValueError(f"model must be a folder (config.json + *.safetensors), got the file {folder}")
+        path = os.path.join(folder, "config.json")
+        if not os.path.isfile(path):
+            what = "has no config.json" if os.path.isdir(folder) else "does not exist"
+            raise ValueError(f"model folder {folder} {what}; expected a local HF checkpoint folder")
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(d).__name__}")
+        try:
+            return cls.from_dict(d)
+        except KeyError as e:
+            raise ValueError(f"{path} lacks the field {e.args[0]!r}") from None
+        except TypeError as e:
+            raise ValueError(f"{path} has a field of the wrong type: {e}") from None
+
+    def tp_problems(self, tp: int) -> list[str]:
+        """Why tensor_parallel_size=tp cannot split this model (empty when it can)."""
+        problems = []
+        if self.num_heads % tp:
+            problems.append(f"{self.num_heads} attention heads are not divisible by {tp}")
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            problems.append(f"{self.num_kv_heads} KV heads neither divide nor are divisible by {tp}")
+        if self.intermediate_size % tp:
+            problems.append(f"intermediate_size {self.intermediate_size} is not divisible by {tp}")
+        if self.vocab_size < tp:
+            problems.append(f"vocab_size {self.vocab_size} is smaller than {tp}")
+        return problems
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """ValueError (before any worker starts) when tp does not split the model; lists what works.
+        The vocabulary needs no divisibility: vocab shards may differ in size by one column."""
+        problems = self.tp_problems(tp)
+        if problems:
+            ok = [t for t in range(1, self.num_heads + 1) if not self.tp_problems(t)]
+            raise ValueError(f"tensor_parallel_size={tp} cannot split this model: {'; '.join(problems)}. "
+                             f"Sizes that work: {', '.join(map(str, ok))}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":

@@ -13,6 +13,8 @@ from typing import Optional
 MAX_LOGIT_BIAS = 1024
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_LEN = 1024
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LEN = 256
 LOGPROBS_MODES = ("raw", "processed")
 
 
@@ -44,6 +46,8 @@ class SamplingParams:
     logprobs_mode: str = "raw"
     max_tokens: int = 16
     ignore_eos: bool = False
+    stop: Optional[tuple[str, ...]] = None      # stop strings (a str or a list is accepted); matched on text
+    include_stop_str_in_output: bool = False    # keep the matched stop string (or stop token's text)
 
     def __post_init__(self) -> None:
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature",
@@ -70,7 +74,24 @@ class SamplingParams:
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
         _check(self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"one of {LOGPROBS_MODES}",
                self.logprobs_mode)
+        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output",
+               "True or False", self.include_stop_str_in_output)
+        self._validate_stop()
         self._validate_lists()
+
+    def _validate_stop(self) -> None:
+        """Stop strings are matched by the detokenizing front end, never by the sampler."""
+        stop = self.stop
+        if stop is None:
+            return
+        if isinstance(stop, str):
+            stop = (stop,)
+        _check(isinstance(stop, (list, tuple)) and len(stop) <= MAX_STOP_STRINGS, "stop",
+               f"a string or a list of at most {MAX_STOP_STRINGS} strings", stop)
+        for s in stop:
+            _check(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_STRING_LEN, "stop",
+                   f"non-empty strings of at most {MAX_STOP_STRING_LEN} characters", s)
+        object.__setattr__(self, "stop", tuple(stop) or None)   # normalised once, at construction
 
     def _validate_lists(self) -> None:
         if self.logit_bias is not None:

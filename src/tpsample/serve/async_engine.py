@@ -1,0 +1,152 @@
+"""AsyncEngine: HTTP requests join the one running engine loop.
+
+Contract
+- One thread polls the engine client (`LLM.engine_client()`: the core in this process at TP=1,
+  in rank 0 of the workers at TP>1) and hands its events to the asyncio loop; every request is
+  a `TrackedRequest` per choice (text, stop strings, logprobs) fed from a per-request queue.
+- `generate` yields (choice, StreamDelta) as tokens arrive. Whatever way it ends (finished, a
+  stop string, the client disconnecting, cancellation), the choices still running are aborted,
+  which frees their sampler slots and KV blocks at once.
+- Admission: at most `max_pending` choices in flight, else `Overloaded` (429); a stopped or
+  failed engine raises `EngineStopped` (503). A request the engine rejects raises its
+  ValueError (400). Never blocks the event loop on the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+from tpsample.engine.core import Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported, TokenUpdate
+from tpsample.engine.frontend import TrackedRequest
+
+
+class Overloaded(Exception):
+    """Too many requests in flight: the client should retry later (429)."""
+
+
+class EngineStopped(Exception):
+    """The engine is not running (503)."""
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class AsyncEngine:
+    def __init__(self, llm, *, max_pending: int | None = None):
+        self.llm, self.tokenizer, self.info = llm, llm.tokenizer, llm.info
+        self.client = llm.engine_client()
+        self.max_pending = max_pending or 4 * llm.info.max_num_seqs
+        self.num_pending = 0
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._reports: list[asyncio.Future] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # -- the polling thread -------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._poll_forever, name="tpsample-engine", daemon=True)
+        self._thread.start()
+
+    def _poll_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                events = self.client.poll(timeout=0.05)
+                if events:
+                    self._loop.call_soon_threadsafe(self._dispatch, events)
+        except BaseException as e:          # a dead worker, a bug: fail every waiting request
+            self.error = e
+            self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _dispatch(self, events: list) -> None:
+        for ev in events:
+            if isinstance(ev, Reported):
+                if self._reports:
+                    self._reports.pop(0).set_result(ev)
+                continue
+            ids = ev.req_ids if isinstance(ev, (Accepted, Rejected)) else (ev.req_id,)
+            q = self._queues.get(ids[0])
+            if q is not None:
+                q.put_nowait(ev)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for q in set(self._queues.values()):
+            q.put_nowait(_Failed(error))
+        for f in self._reports:
+            f.set_exception(EngineStopped(f"engine stopped: {error}"))
+        self._reports.clear()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and not self._stop.is_set() and self._thread is not None \
+            and self._thread.is_alive()
+
+    # -- requests -----------------------------------------------------------------------------
+    def _admit(self, n: int) -> None:
+        if not self.alive:
+            raise EngineStopped("the engine is not running" + (f": {self.error}" if self.error else ""))
+        if self.num_pending + n > self.max_pending:
+            raise Overloaded(f"{self.num_pending} requests are in flight (limit {self.max_pending}); retry later")
+
+    async def generate(self, prompt_token_ids: list[int], params: list, guided=None, prompt: str | None = None):
+        """Async iterator of (TrackedRequest, StreamDelta), one TrackedRequest per choice; first
+        (None, None) once the engine accepted the request (a rejection raises its ValueError)."""
+        self._admit(len(params))
+        base = uuid.uuid4().hex
+        tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt)
+                   for i, p in enumerate(params)]
+        by_id = {t.req_id: t for t in tracked}
+        queue: asyncio.Queue = asyncio.Queue()
+        for rid in by_id:
+            self._queues[rid] = queue
+        self.num_pending += len(tracked)
+        try:
+            self._submit(AddRequests(tuple(NewRequest(t.req_id, t.prompt_token_ids, t.params, guided, t.index)
+                                           for t in tracked)))
+            while not all(t.finished for t in tracked):
+                ev = await queue.get()
+                if isinstance(ev, _Failed):
+                    raise EngineStopped(f"engine stopped: {ev.error}")
+                if isinstance(ev, Rejected):
+                    raise ev.error
+                if isinstance(ev, Accepted):
+                    yield None, None
+                if isinstance(ev, TokenUpdate):
+                    delta, abort = by_id[ev.req_id].apply(ev)
+                    if abort:
+                        self._submit(Abort((ev.req_id,)))
+                    if delta is not None:
+                        yield by_id[ev.req_id], delta
+        finally:
+            running = tuple(t.req_id for t in tracked if not t.finished)
+            if running and self.alive:
+                self._submit(Abort(running))
+            for rid in by_id:
+                self._queues.pop(rid, None)
+            self.num_pending -= len(tracked)
+
+    def _submit(self, cmd) -> None:
+        try:
+            self.client.submit(cmd)
+        except (RuntimeError, OSError) as e:        # the workers are gone
+            raise EngineStopped(f"engine stopped: {e}") from None
+
+    async def report(self):
+        """The engine's `Reported`: what it holds now (KV blocks, sampler slots, running and
+        waiting requests) and how many requests finished so far, by finish reason."""
+        if not self.alive:
+            raise EngineStopped("the engine is not running")
+        fut = self._loop.create_future()
+        self._reports.append(fut)
+        self._submit(Report())
+        return await fut

@@ -1,0 +1,157 @@
+"""`tpsample serve`, `tpsample chat` and `tpsample bench serve`.
+
+Each command has `add_*_args(parser)` and `run_*(args) -> int`. User mistakes raise ValueError
+with a one-line message before any work starts (the CLI layer prints it and exits with 2).
+Without a model, the default model is used (`engine.default_model`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from tpsample.engine.config import STRATEGIES
+
+
+def add_model_args(p, *, positional: bool = True) -> None:
+    """The model and engine options every front-end command shares."""
+    if positional:
+        p.add_argument("model", nargs="?", default=None,
+                       help="local HF folder (config.json + *.safetensors + tokenizer); default: SmolLM2-135M-Instruct")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size in ranks (default: 1)")
+    p.add_argument("--strategy", default="auto", choices=STRATEGIES, help="sampling strategy (default: auto)")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if one GPU per rank")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="default: the checkpoint's")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together (default: 64)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length in tokens (default: the model's)")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="fix the KV capacity in tokens instead of profiling (default: profile)")
+
+
+def require_serve_packages(*names: str) -> None:
+    import importlib.util
+
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        raise ValueError(f"this command needs {', '.join(missing)}: pip install 'tpsample[serve]'")
+
+
+def check_positive(args, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def open_llm(args, console=None):
+    """(LLM, model name) from the shared options; resolves the default model first."""
+    from tpsample.engine.default_model import quiet_transformers, resolve_model
+    from tpsample.llm import LLM
+
+    check_positive(args, "tp", "max_num_seqs", "max_model_len", "kv_cache_tokens")
+    quiet_transformers()
+    folder, _ = resolve_model(args.model, console)
+    llm = LLM(folder, tensor_parallel_size=args.tp, strategy=args.strategy, device=args.device, dtype=args.dtype,
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              kv_cache_tokens=args.kv_cache_tokens)
+    return llm, os.path.basename(os.path.normpath(folder))
+
+
+# -- serve ------------------------------------------------------------------------------------
+def add_serve_args(p) -> None:
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000; 0 = any free port)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
+    p.add_argument("--max-pending", type=int, default=None,
+                   help="requests in flight before answering 429 (default: 4 x --max-num-seqs)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run_serve(args) -> int:
+    from rich.console import Console
+
+    from tpsample.serve.app import build_app
+    from tpsample.serve.server import bind, serve_forever
+
+    require_serve_packages("fastapi", "uvicorn")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    check_positive(args, "max_pending")
+    sock = bind(args.host, args.port)              # a taken port fails now, not after loading
+    console = Console(stderr=True)
+    llm, name = open_llm(args, console)
+    name = args.served_model_name or name
+    try:
+        app = build_app(llm, model_name=name, max_pending=args.max_pending)
+        host, port = sock.getsockname()[:2]
+        console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (TP={args.tp}, strategy "
+                      f"{llm.info.strategy}, {llm.info.kv_tokens:,} KV tokens); Ctrl-C stops")
+        serve_forever(app, sock, args.log_level)
+    except KeyboardInterrupt:                   # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    finally:
+        llm.close()
+    return 0
+
+
+# -- chat -------------------------------------------------------------------------------------
+def add_chat_args(p) -> None:
+    add_model_args(p)
+    p.add_argument("--system", default=None, help="a system message to start the conversation with")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7; 0 = greedy)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (default: 0.9)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (default: 256)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible answers (default: random)")
+
+
+def run_chat(args) -> int:
+    """Read a line, stream the answer, repeat; an empty line or EOF (Ctrl-D) ends. Piped stdin works."""
+    from rich.console import Console
+
+    import tpsample
+
+    params = tpsample.SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                                     seed=args.seed)
+    console = Console(stderr=True)
+    llm, name = open_llm(args, console)
+    interactive = sys.stdin.isatty()
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    if interactive:
+        console.print(f"chatting with [bold]{name}[/bold] (TP={args.tp}); an empty line or Ctrl-D ends")
+    try:
+        while True:
+            try:
+                line = input("you> " if interactive else "")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            history.append({"role": "user", "content": line})
+            print("assistant> ", end="", flush=True)
+            out = llm.chat(history, params, stream=lambda d: print(d.text, end="", flush=True))[0]
+            print(flush=True)
+            history.append({"role": "assistant", "content": out.text})
+    finally:
+        llm.close()
+    return 0
+
+
+# -- bench serve ------------------------------------------------------------------------------
+def add_bench_serve_args(p) -> None:
+    add_model_args(p, positional=False)
+    p.add_argument("--model", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--url", default=None, help="benchmark a running server instead (e.g. http://127.0.0.1:8000)")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients (default: 8)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds to keep sending (default: 20)")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default: 32)")
+
+
+def run_bench_serve(args) -> dict:
+    from tpsample.serve.bench import run_bench
+
+    require_serve_packages("fastapi", "uvicorn", "httpx")
+    check_positive(args, "clients", "max_tokens")
+    if args.duration <= 0:
+        raise ValueError(f"--duration must be > 0 seconds, got {args.duration}")
+    return run_bench(args)
