@@ -59,3 +59,13 @@ def test_guided_decoding_needs_exactly_one_constraint_and_a_valid_schema(llm):
     with pytest.raises(ValueError, match="does not compile"):
         llm.generate(["hi"], guided=GuidedDecoding(json_schema="{not json"))
     assert llm.generate(["hi"], SamplingParams(max_tokens=2, seed=0))[0].text is not None
+
+
+def test_grammar_that_allows_only_eos_ends_the_request_despite_min_tokens(llm):
+    """min_tokens bans EOS, the grammar allows nothing else once "yes" is out: the sampler's guard
+    must pick the grammar's EOS (never a token the grammar forbids) and the request ends there."""
+    outs = llm.generate(["hello", "fox"], SamplingParams(temperature=0.7, seed=3, max_tokens=20, min_tokens=10),
+                        guided=GuidedDecoding(regex="yes"))
+    for out in outs:
+        assert out.finish_reason == "stop" and out.text == "yes", (out.text, out.finish_reason)
+        assert len(out.output_token_ids) < 10

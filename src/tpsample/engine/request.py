@@ -62,7 +62,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 class RequestOutput:
     """One finished request. As in vLLM: finish_reason "stop" (EOS, a stop token, a stop string
     or a finished grammar), "length" (max_tokens or max_model_len), "abort" (cancelled), "error"
-    (the logits were NaN and left nothing to sample); stop_reason is the matched stop string or
+    (the logits were NaN and left nothing to sample, or the grammar allowed no token); stop_reason is the matched stop string or
     stop token id, None for EOS and every other reason."""
     request_id: str
     prompt_token_ids: list[int]

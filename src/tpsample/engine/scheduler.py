@@ -201,6 +201,11 @@ class Scheduler:
     def _append(self, req: Request, tokens: list[int], logprobs) -> list[int]:
         new = []
         for j, token in enumerate(tokens):
+            if req.matcher is not None and not req.matcher.is_terminated() and not req.matcher.accept_token(token):
+                # the sampler's guard gives the best token the grammar allows; a token the matcher
+                # still refuses means the grammar allows nothing here: end the request, token dropped
+                self._finish(req, "error")
+                break
             req.output_token_ids.append(token)
             new.append(token)
             if req.logprobs is not None and logprobs is not None:
@@ -208,8 +213,6 @@ class Scheduler:
                 lp = logprobs[j]
                 req.logprobs.append(replace(lp, top_token_ids=lp.top_token_ids[:n],
                                             top_logprobs=lp.top_logprobs[:n]))
-            if req.matcher is not None and not req.matcher.is_terminated():
-                req.matcher.accept_token(token)
             reason = self._finish_reason(req, token)
             if reason is not None:
                 self._finish(req, reason)
@@ -218,13 +221,13 @@ class Scheduler:
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p, num_out = req.params, len(req.output_token_ids)
+        if req.matcher is not None and req.matcher.is_terminated():
+            return "stop"                                  # a complete grammar ends it, min_tokens or not
         if num_out >= p.min_tokens:
             if token in (p.stop_token_ids or ()):
                 req.stop_reason = token                    # vLLM: the stop token id; None for EOS
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop"
-            if req.matcher is not None and req.matcher.is_terminated():
                 return "stop"
         if num_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
