@@ -2,7 +2,7 @@
 
 Shows, per strategy: whether its tokens equal the TP=1 sampler's, the per-rank sampler peak
 memory, bytes moved per rank and collectives per step. The engine part (a random-weight
-Qwen2-shaped model) lives in `engine.cli_commands` and runs after this.
+Qwen2-shaped model) lives in `engine.demo_engine`; `tpsample demo` runs it after this.
 """
 from __future__ import annotations
 
@@ -54,18 +54,17 @@ def _all_strategies(group, vocab, steps, device):
 
 
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
-    from rich.console import Console
-    from rich.table import Table
     from .parallel.launch import spawn_ranks
-    console = Console(width=120)
+    from .term import console as make_console, table as make_table
+    console = make_console()
     console.print(f"[bold]tpsample demo[/bold]: {len(demo_params(vocab))} requests "
                   f"({', '.join(n for n, _ in demo_params(vocab))}), vocab {vocab}, TP={tp} on {device} (gloo)")
     ref = run_batch(None, "replicated", vocab, device=device)
     per_rank = spawn_ranks(_all_strategies, tp, vocab, 3, device, timeout_s=600) if tp > 1 else [
         _all_strategies(None, vocab, 3, device)]
-    table = Table(title=f"sampling strategies at TP={tp} (last step)")
-    for col in ("strategy", "tokens == TP=1", "peak MiB/rank", "local shard MiB", "KiB moved/rank", "collectives"):
-        table.add_column(col, justify="right")
+    table = make_table(f"sampling strategies at TP={tp} (last step)",
+                       ["strategy", "tokens ==\nTP=1", "peak\nMiB/rank", "shard\nMiB", "KiB moved\n/rank", "collec-\ntives"],
+                       left=("strategy",))
     summary = {}
     for st in STRATEGIES:
         same = all(r[st]["tokens"] == ref["tokens"] for r in per_rank)

@@ -44,19 +44,17 @@ def run_strategy(folder: str, strategy: str, prompts, params, *, tp: int, device
 
 
 def print_table(results: dict, tp: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tpsample.term import console, table as make_table
 
     ref = results[STRATEGIES[0]]["tokens"]
-    table = Table(title=f"engine, TP={tp}, random Qwen2-shaped model, V={QWEN2_VOCAB:,}")
-    for col in ("strategy", "tokens = replicated", "sampler peak / rank (MiB)", "KV blocks",
-                "requests the KV holds", "peak running", "tokens/s"):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+    table = make_table(f"engine, TP={tp}, random Qwen2-shaped model, V={QWEN2_VOCAB:,}",
+                       ["strategy", "tokens =\nreplicated", "sampler peak\nMiB/rank", "KV\nblocks",
+                        "requests\nKV holds", "peak\nrunning", "tokens/s"], left=("strategy",))
     for name, r in results.items():
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
         table.add_row(name, "yes" if r["tokens"] == ref else "NO", peaks, f"{r['kv_blocks']:,}",
                       f"{r['kv_bound_concurrency']:,}", str(r["max_running"]), f"{r['tokens_per_s']:.0f}")
-    Console(width=140).print(table)
+    console().print(table)
 
 
 def run_demo(*, tp: int = 2, device: str | None = "cpu", num_requests: int = 24, max_tokens: int = 24,
