@@ -45,7 +45,7 @@ def tp2_auto(folder):
 
 
 def _assert_same(outs, expected):
-    for out, exp in zip(outs, expected):
+    for out, exp in zip(outs, expected, strict=True):          # a missing output is a failure
         assert out.output_token_ids == exp.output_token_ids
         if exp.logprobs is not None:
             got = torch.tensor([lp.logprob for lp in out.logprobs])
