@@ -23,7 +23,9 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if "default" in text or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
             return text
-        return f"{text} (default: %(default)s)"
+        default = action.default
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class Parser(argparse.ArgumentParser):

@@ -34,7 +34,8 @@ def _sampler_parser(what) -> None:
     p.add_argument("--rows", metavar="N", type=int_at_least(1), nargs="+", default=[8, 64], help="logits rows per step")
     p.add_argument("--vocab", metavar="V", type=int_at_least(1), nargs="+", default=[32000, 151936],
                    help="vocabulary sizes (tokens)")
-    p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES), help="strategies to run")
+    p.add_argument("--strategies", metavar="NAME", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                   help=f"strategies to run, from {', '.join(STRATEGIES)}")
     p.add_argument("--steps", metavar="N", type=int_at_least(1), default=3,
                    help="timed steps per case (after one warm-up step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the logits live")
