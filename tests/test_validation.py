@@ -97,8 +97,8 @@ def test_containers_are_copied_and_frozen_at_construction():
     assert p.bad_words_token_ids == ((5, 6),) and p.stop_token_ids == (7,)
     with pytest.raises(TypeError):
         p.logit_bias[4] = 2.0
-    assert pickle.loads(pickle.dumps(p)) == p and hash(p) == hash(SP(**{
-        "allowed_token_ids": (1, 2, 3), "logit_bias": {4: 1.0}, "bad_words_token_ids": [(5, 6)], "stop_token_ids": [7]}))
+    assert pickle.loads(pickle.dumps(p)) == p and hash(p) == hash(SP(
+        allowed_token_ids=(1, 2, 3), logit_bias={4: 1.0}, bad_words_token_ids=[(5, 6)], stop_token_ids=[7]))
     s = sampler()
     s.add_request("a", p, [1])                  # the caller's out-of-range additions are not seen
     out = s.sample(torch.zeros(1, V), s.plan(["a"]))

@@ -20,7 +20,8 @@ _LAZY = {   # name -> module that defines it (imported on first access)
     "GuidedDecoding": "tpsample.engine.request",
 }
 
-__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "vocab_shard", *_LAZY]
+__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "vocab_shard",
+           "LLM", "RequestOutput", "GuidedDecoding"]
 
 
 def __getattr__(name: str):

@@ -6,7 +6,7 @@ any command serving a model): the engine's options, the sampling options, and th
 """
 from __future__ import annotations
 
-from .args import (check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real)
+from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
 
 STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
 DTYPES = ("float32", "float16", "bfloat16")

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from .coerce import (FP32_TINY, FrozenDict, as_bool, as_float, as_int, check, fail, token_ids)
+from .coerce import FP32_TINY, FrozenDict, as_bool, as_float, as_int, check, fail, token_ids
 
 MAX_LOGIT_BIAS = 1024           # entries
 MAX_BAD_WORDS = 128             # sequences
