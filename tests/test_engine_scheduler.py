@@ -5,8 +5,9 @@ import random
 
 from tpsample import SamplingParams
 from tpsample.engine.block_manager import BlockManager
+from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig, NgramConfig
-from tpsample.engine.ngram import propose_ngram
+from tpsample.engine.ngram import NgramProposer, propose_ngram
 from tpsample.engine.request import Request
 from tpsample.engine.scheduler import Scheduler
 
@@ -14,8 +15,12 @@ VOCAB = 100
 
 
 def _run(cfg: EngineConfig, num_blocks: int, requests: list[Request], max_model_len: int = 512):
-    """Drive the scheduler with a fake sampler that accepts every draft; check each step's invariants."""
+    """Drive the scheduler with a fake sampler that accepts every draft; check each step's invariants.
+
+    A rank's block tables are rebuilt from the steps' diffs alone and must equal the scheduler's."""
     sched = Scheduler(cfg, num_blocks=num_blocks, max_model_len=max_model_len, eos_token_ids=())
+    tables = BlockTables(cfg.max_num_seqs, -(-max_model_len // cfg.block_size) + 8)
+    by_id = {r.req_id: r for r in requests}
     for r in requests:
         sched.add(r)
     in_sampler: set[str] = set()
@@ -25,8 +30,16 @@ def _run(cfg: EngineConfig, num_blocks: int, requests: list[Request], max_model_
         steps += 1
         assert 0 < len(step.token_ids) <= cfg.token_budget
         assert sum(len(r.block_ids) for r in sched.running) <= num_blocks
-        for table, seq_len in zip(step.block_tables, step.seq_lens):
-            assert len(table) * cfg.block_size >= seq_len, "blocks must cover every written position"
+        for rid in step.remove:
+            tables.remove(rid)
+        for rid, _, _ in step.add:
+            tables.add(rid)
+        tables.apply(step.block_updates)
+        for rid, seq_len in zip(step.seq_req_ids, step.seq_lens):
+            row = tables.rows([rid])[0]
+            held = tables.table[row, :tables.num_pages[row]].tolist()
+            assert held == by_id[rid].block_ids, "the diffs rebuild exactly the scheduler's table"
+            assert len(held) * cfg.block_size >= seq_len, "blocks must cover every written position"
         in_sampler -= set(step.remove)
         in_sampler |= {rid for rid, _, _ in step.add}
         assert len(in_sampler) <= cfg.max_num_seqs
@@ -79,3 +92,21 @@ def test_block_manager_hands_out_lowest_free_blocks_first():
     bm.free(a)
     bm.grow(b, 8)
     assert b == [3, 0] and bm.num_free == 6
+
+
+def test_incremental_ngram_proposer_gives_the_reference_drafts_on_random_histories():
+    rng = random.Random(0)
+    for case in range(80):
+        alphabet = rng.choice([2, 3, 5, 20])
+        base = rng.choice([0, 0, (1 << 21) - 3])    # ids near 2**21: the packed keys' edge
+        min_n = rng.randint(1, 3)
+        max_n = rng.randint(min_n, 4)
+        proposer = NgramProposer(min_n=min_n, max_n=max_n)
+        prompt = [base + rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
+        output: list[int] = []
+        for _ in range(40):
+            k = rng.randint(0, 5)
+            got = proposer.propose(f"r{case}", prompt, output, k)
+            assert got == propose_ngram(prompt + output, k=k, min_n=min_n, max_n=max_n)
+            output += [base + rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
+        proposer.drop(f"r{case}")

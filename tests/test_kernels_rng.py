@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tpsample.sampling import rng
+from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

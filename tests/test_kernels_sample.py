@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from tpsample.kernels import torch_ref
 from tpsample.kernels.dispatch import KernelConfig, sample_rows
-from tpsample.sampling import rng
+from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),

@@ -1,4 +1,4 @@
-"""The keyed noise (`tpsample.sampling.rng`, docs/semantics.md "Noise"), checked statistically.
+"""The keyed noise (`tpsample.noise`, docs/semantics.md "Noise"), checked statistically.
 
 Every statistical test uses fixed keys (so it is deterministic) and states its level: chi-square
 tests reject at alpha = 0.001, correlation tests at |r| * sqrt(n) > 3.29 (two-sided alpha = 0.001),
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tpsample.sampling import reference as ref
-from tpsample.sampling.rng import (
+from tpsample.noise import (
     SALT_ACCEPT,
     SALT_DRAW,
     SALT_RESIDUAL,

@@ -13,11 +13,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from tpsample import SamplingParams, vocab_shard
-from tpsample.sampling.batch import RowSpec, build_row_batch
 from tpsample.sampling.pipeline import sample_rows
 from tpsample.sampling.reducer import LocalRows, best_of_parts
-from tpsample.sampling.state import RequestState
+from tpsample.state.rows import RowsView
+from tpsample.state.store import RequestStore
 
 
 class ThreadShards:
@@ -94,9 +96,13 @@ def test_any_column_split_gives_the_full_row_tokens(vocab, tp, params, data_seed
         x[torch.rand(x.shape, generator=g) < 0.3] = float("-inf")
     # rows may verify a draft token (spec decode): accept test, residual draw
     draft = [int(d) % vocab if drafts else -1 for d in torch.randint(0, vocab, (len(params),), generator=g)]
-    specs = [RowSpec(RequestState(str(i), i, p, p.seed or 0, [1, 2]), 0, draft[i], ())
-             for i, p in enumerate(params)]
-    batch = build_row_batch(specs, vocab, None)
+    store = RequestStore(vocab, len(params), None)
+    for i, p in enumerate(params):
+        store.add(str(i), p, [1, 2], p.seed or 0)
+    store.sync(torch.device("cpu"), 1)
+    n = len(params)
+    batch = store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.array(draft, np.int64)),
+                            torch.device("cpu"))
     full = sample_rows(x, 0, batch, LocalRows())
     for part in run_split(x, batch, tp):
         assert torch.equal(part.emitted, full.emitted)

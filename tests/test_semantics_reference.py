@@ -288,7 +288,7 @@ def test_nan_logits_are_counted_and_sampled_as_minus_inf():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_rows_with_nothing_finite_use_the_guard(strategy):
-    """All -inf, all NaN, everything allowed masked out: raw argmax (NaN as -inf) or 0, flagged."""
+    """All -inf, all NaN, a grammar that leaves nothing finite: token 0, flagged."""
     confs = [SP(temperature=0.0, logprobs=1), SP(seed=1, logprobs=2, logprobs_mode="processed"),
              SP(seed=2, top_k=5, top_p=0.5), SP(seed=3, min_p=0.5, logprobs=3)]
     sampler = new_sampler(strategy=strategy)
@@ -303,11 +303,28 @@ def test_rows_with_nothing_finite_use_the_guard(strategy):
     mask[8:16, 0] = 0x0000FFFF                                 # ids 0-15: -inf or NaN in those rows
     out = check_step(sampler, ids, x, mask)
     first = out.sampled_token_ids[:, 0]
-    assert first[:8].tolist() == [0] * 8
-    assert first[8:12].tolist() == x[8:12].argmax(dim=1).tolist()      # the raw row's argmax
-    assert first[12:16].tolist() == (x[12:16, 16:].argmax(dim=1) + 16).tolist()
+    # nothing finite, or nothing finite that the grammar allows: token 0 (never the raw argmax,
+    # which the grammar forbids)
+    assert first.tolist() == [0] * 16
     assert out.num_fallback.tolist() == [1] * 16
     assert out.num_nans[4:16].tolist() == [V] * 4 + [0] * 4 + [16] * 4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_guard_picks_the_best_grammar_allowed_token_when_processors_ban_everything(strategy):
+    """Grammar allows only EOS and a few tokens the allowed list excludes; min_tokens bans EOS: the
+    guard must still emit a token the grammar allows (EOS, the best allowed one), flagged."""
+    sampler = new_sampler(strategy=strategy)
+    confs = [SP(seed=i, min_tokens=5, allowed_token_ids=[EOS, 50], temperature=(0.0, 0.7)[i % 2]) for i in range(6)]
+    ids = add_all(sampler, confs)
+    x = randn_logits(len(ids), 0)
+    mask = torch.zeros((len(ids), (V + 31) // 32), dtype=torch.int32)
+    mask[:, 0] = 1 << EOS                                      # the grammar allows EOS only
+    mask[:3, 3] = 1 << (100 - 96)                              # ... and token 100 in rows 0-2
+    x[:3, 100] = x[:3, EOS] + 1.0                              # 100 beats EOS there
+    out = check_step(sampler, ids, x, mask)
+    assert out.sampled_token_ids[:, 0].tolist() == [100] * 3 + [EOS] * 3
+    assert out.num_fallback.tolist() == [1] * 6
 
 
 def test_positive_inf_logits_give_the_lowest_inf_id_in_range():

@@ -113,7 +113,6 @@ def test_top_k_at_or_above_the_vocabulary_is_normalised_to_off():
     assert p.validate_for_vocab(V, 5) is p
 
 
-@pytest.mark.xfail(strict=True, reason="Sampler.add_request must store validate_for_vocab's normalised params")
 def test_sampler_treats_a_huge_top_k_as_off():
     x = torch.randn(1, V, generator=torch.Generator().manual_seed(3))
     got = {}
@@ -273,5 +272,23 @@ def test_sample_rejects_a_plan_whose_request_was_removed():
     s = two_requests()
     plan = s.plan(["a", "b"])
     s.remove_request("b")
-    with pytest.raises(ValueError, match="req_id 'b' is not active"):
+    with pytest.raises(ValueError, match="plan is stale"):
         s.sample(torch.zeros(2, V), plan)
+
+
+def test_sample_rejects_a_stale_plan_after_remove_and_readd():
+    s = two_requests()
+    plan = s.plan(["a", "b"])
+    s.remove_request("b")
+    s.add_request("b", SP(seed=9), [1])                  # same id, same slot, another request
+    with pytest.raises(ValueError, match="plan is stale"):
+        s.sample(torch.zeros(2, V), plan)
+    s.sample(torch.zeros(2, V), s.plan(["a", "b"]))      # a fresh plan works
+
+
+def test_sample_rejects_a_plan_from_another_sampler_or_not_a_plan():
+    s, other = two_requests(), two_requests()
+    with pytest.raises(ValueError, match="another Sampler"):
+        s.sample(torch.zeros(2, V), other.plan(["a", "b"]))
+    with pytest.raises(ValueError, match="must be a SamplingPlan"):
+        s.sample(torch.zeros(2, V), "plan")

@@ -1,21 +1,28 @@
-"""The Sampler facade: the public API of DESIGN.md section 4.
+"""The Sampler facade: tpsample's public sampling API.
 
 Contract:
 - in: requests (`add_request` / `remove_request`), a `plan` per step built from replicated
   inputs, and this rank's local logits `[rows, V_r]` in `plan.logits_order`.
 - out: a `SamplerOutput` identical on every rank, in batch order. `sample` appends the emitted
-  tokens to each request's history (penalties, positions, min_tokens, bad words).
+  tokens to each request's history on the device (penalties, positions, min_tokens, bad words).
+- state: a request's parameters and sparse lists are written once, at `add_request`, into
+  per-slot tables (`tpsample.state`); a step moves slot indices and runs tensor ops: no Python
+  loop over requests or rows, no host synchronisation inside `sample` (results come back through
+  one pinned, non-blocking copy that `SamplerOutput` waits for when first read).
 - invariants: slot allocation and request seeds are identical on every rank without talking
   (the base seed is agreed once, at construction); bad input raises `ValueError` naming the
-  field and the allowed range before any collective runs; never returns an out-of-range id.
+  field and the allowed range before any collective runs; a plan is checked against the sampler
+  that made it and, at TP > 1, against the other ranks' plans; never returns an out-of-range id.
 - never imports `model` or `engine`. Strategy differences live in `parallel/`, not here.
 """
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .parallel import auto
@@ -27,14 +34,24 @@ from .parallel.plan import SamplingPlan, build_plan
 from .parallel.replicated import Replicated
 from .parallel.shard import vocab_shard
 from .parallel.vocab_parallel import VocabParallel
+from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 from .sampling.params import SamplingParams
-from .sampling.state import SlotTable, derive_seed
-from .validation import (check_bitmask, check_draft_probs, check_drafts, check_logits, check_prompt,
-                         check_req_ids, is_token)
+from .state.columns import MIN_P, NUM_LP, TOP_K, TOP_P
+from .state.store import RequestStore, derive_seed
+from .validation import (
+    check_bitmask,
+    check_draft_probs,
+    check_drafts,
+    check_logits,
+    check_prompt,
+    check_req_ids,
+    check_sampler_args,
+)
 
 STRATEGIES = {s.name: s for s in (Replicated(), BatchSharded(), VocabParallel())}
 STRATEGY_NAMES = ("auto", *STRATEGIES)
+_UIDS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,8 @@ class StepStats:
     bytes_sent: int           # this rank, this step
     bytes_received: int
     num_collectives: int
-    peak_bytes: int           # sampler memory above its inputs (CUDA: allocator peak; CPU: counted)
+    peak_bytes: int           # sampler memory above its inputs (CUDA: allocator peak when
+                              # profile_memory, else counted; CPU: counted)
     local_logits_bytes: int
 
 
@@ -51,36 +69,40 @@ class Sampler:
     def __init__(self, vocab_size: int, *, max_num_reqs: int = 256, max_num_logits_per_req: int = 1,
                  strategy: str = "auto", group=None, device=None, max_logprobs: int = 20,
                  eos_token_id: Optional[int] = None, seed: Optional[int] = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, inplace_logits: bool = False):
-        """inplace_logits: let `sample` use fp32 local logits as its working buffer (saves a copy
+                 timeout_s: float = DEFAULT_TIMEOUT_S, inplace_logits: bool = False,
+                 profile_memory: bool = False, check_plans: bool = True):
+        """vocab_size: V. max_num_reqs: concurrent requests (slot tables grow with use, so a large
+        value costs nothing up front). max_num_logits_per_req: 1 + the most draft tokens a request
+        may verify per step. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel".
+        group: the TP process group (None: the default group if initialised, else TP=1).
+        device: where per-slot state lives (None: the device of the first logits).
+        inplace_logits: let `sample` use fp32 local logits as its working buffer (saves a copy
         of the shard; the tensor then holds processed values). seed: the base of request seeds
-        (drawn and agreed across ranks once, here, when None). timeout_s: per collective."""
-        if not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
-        if strategy not in STRATEGY_NAMES:
-            raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
-        if not isinstance(max_num_logits_per_req, int) or max_num_logits_per_req < 1:
-            raise ValueError(f"max_num_logits_per_req must be an integer >= 1, got {max_num_logits_per_req!r}")
-        if not isinstance(max_logprobs, int) or max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
-        if not isinstance(max_num_reqs, int) or isinstance(max_num_reqs, bool) or max_num_reqs < 1:
-            raise ValueError(f"max_num_reqs must be an integer >= 1, got {max_num_reqs!r}")
-        if eos_token_id is not None and not is_token(eos_token_id, vocab_size):
-            raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {eos_token_id}")
+        (drawn and agreed across ranks once, here, when None). timeout_s: per collective.
+        profile_memory: measure each step's CUDA peak (synchronises; for profiling, not serving).
+        check_plans: at TP > 1, every step first checks that all ranks sample the same plan (one
+        8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
+        disagree get a clear error instead of a hang or silently different tokens."""
+        check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
+                           strategy, STRATEGY_NAMES)
         self.vocab_size = vocab_size
         self.max_num_logits_per_req = max_num_logits_per_req
         self.strategy = strategy
         self.max_logprobs = max_logprobs
         self.eos_token_id = eos_token_id
         self.inplace_logits = inplace_logits
+        self.profile_memory = profile_memory
         self.device = torch.device(device) if device is not None else None
         self.group = TPGroup.resolve(group, timeout_s)
         self.comm = Collectives(self.group)
         self.col_start, self.col_end = vocab_shard(vocab_size, self.group.size, self.group.rank)
-        self.slots = SlotTable(max_num_reqs)
+        self.store = RequestStore(vocab_size, max_num_reqs, eos_token_id)
         base = seed if seed is not None else random.SystemRandom().getrandbits(62)
         self.base_seed = self.comm.broadcast_int(base) if seed is None else seed
+        self.uid = next(_UIDS)
         self._serial = 0
+        self._last_plan: Optional[SamplingPlan] = None
+        self._check = Collectives(self.group.cpu_twin()) if (check_plans and self.group.size > 1) else None
         self.last_stats: Optional[StepStats] = None
 
     @property
@@ -91,65 +113,144 @@ class Sampler:
     def rank(self) -> int:
         return self.group.rank
 
-    def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int]) -> int:
+    @property
+    def slots(self):
+        """The slot table: `slots.get(req_id)` gives a request's slot, seed, params and history."""
+        return self.store.slots
+
+    def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids) -> int:
+        """Register a request and write its sampling state once; returns its slot.
+
+        prompt_token_ids: the prompt (positions and the repetition penalty's token set). The
+        params are copied: changing the caller's objects later has no effect."""
+        if not isinstance(req_id, str):
+            raise ValueError(f"req_id must be a string, got {type(req_id).__name__}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         params.validate_for_vocab(self.vocab_size, self.max_logprobs)
-        check_prompt(prompt_token_ids, self.vocab_size)
+        prompt = check_prompt(prompt_token_ids, self.vocab_size)
         seed = params.seed if params.seed is not None else derive_seed(self.base_seed, req_id, self._serial)
         self._serial += 1
-        return self.slots.add(req_id, params, list(prompt_token_ids), seed).slot
+        return self.store.add(req_id, params, prompt, seed).slot
 
     def remove_request(self, req_id: str) -> None:
-        self.slots.remove(req_id)
+        """Free a request's slot (its state is overwritten when the slot is reused)."""
+        self.store.remove(req_id)
 
-    def plan(self, req_ids: list[str], *, draft_token_ids=None, grammar_bitmask=None,
+    def plan(self, req_ids, *, draft_token_ids=None, grammar_bitmask=None,
              strategy: Optional[str] = None) -> SamplingPlan:
-        req_ids = check_req_ids(req_ids)
-        states = [self.slots.get(r) for r in req_ids]
-        drafts = check_drafts(draft_token_ids, len(req_ids), self.vocab_size, self.max_num_logits_per_req)
-        num_rows = sum(1 + len(d) for d in drafts)
-        bitmask = check_bitmask(grammar_bitmask, num_rows, self.vocab_size)
-        n_lp = [s.params.logprobs for s in states if s.params.logprobs is not None]
-        width = 1 + max(n_lp) if n_lp else 0
-        chosen = self._choose(strategy or self.strategy, states, num_rows, width > 0)
-        return build_plan(chosen, self.tp_size, req_ids, [s.slot for s in states], drafts, width, bitmask)
+        """The step's plan: which rows exist, where each rank's logits rows go, which strategy.
 
-    def _choose(self, strategy: str, states, num_rows: int, logprobs: bool) -> str:
+        req_ids: the step's active request ids, in batch order. draft_token_ids: per request, the
+        draft tokens to verify (a list of lists, or an int array [num_reqs, D] padded with -1).
+        grammar_bitmask: int32 [rows, ceil(V/32)] (bit = allowed) in batch row order. Pure
+        function of replicated inputs: every rank gets the same plan without talking. A call
+        with the same requests as the previous step (no drafts, no mask) returns that plan."""
+        last = self._last_plan
+        if (last is not None and draft_token_ids is None and grammar_bitmask is None and strategy is None
+                and last.grammar_bitmask is None and not last.has_drafts and isinstance(req_ids, list)
+                and len(req_ids) == last.num_reqs and tuple(req_ids) == last.req_ids
+                and np.array_equal(self.store.slots.generation[last.slots], last.generations)):
+            return last
+        req_ids = check_req_ids(req_ids)
+        slots = self.store.slots.slots_of(req_ids)
+        drafts = check_drafts(draft_token_ids, len(req_ids), self.vocab_size, self.max_num_logits_per_req)
+        num_rows = len(req_ids) + int((drafts >= 0).sum())
+        bitmask = check_bitmask(grammar_bitmask, num_rows, self.vocab_size)
+        lp = self.store.i64.host[NUM_LP, slots] if len(slots) else np.zeros(0, np.int64)
+        width = 1 + int(lp.max()) if len(lp) and lp.max() >= 0 else 0
+        chosen = self._choose(strategy or self.strategy, slots, num_rows, width > 0)
+        plan = build_plan(chosen, self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
+                          width, bitmask, self.uid, self.vocab_size)
+        self._last_plan = plan
+        return plan
+
+    def _choose(self, strategy: str, slots: np.ndarray, num_rows: int, logprobs: bool) -> str:
         if strategy != "auto":
             if strategy not in STRATEGIES:
                 raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
             return strategy
         tp = self.tp_size
-        per_owner = [0] * tp
-        for s in states:
-            per_owner[s.slot % tp] += 1
-        p = [s.params for s in states]
-        return auto.choose(num_rows, self.vocab_size, tp, max(per_owner, default=0) * self.max_num_logits_per_req,
-                           top_k=any(x.top_k > 0 for x in p), top_p=any(x.top_p < 1 for x in p),
-                           min_p=any(x.min_p > 0 for x in p), logprobs=logprobs,
-                           on_gpu=self.device is not None and self.device.type == "cuda")
+        per_owner = np.bincount(slots % tp, minlength=tp) if len(slots) else np.zeros(tp, np.int64)
+        f32, i64 = self.store.f32.host[:, slots], self.store.i64.host[:, slots]
+        return auto.choose(num_rows, self.vocab_size, tp, int(per_owner.max()) * self.max_num_logits_per_req,
+                           top_k=bool((i64[TOP_K] > 0).any()), top_p=bool((f32[TOP_P] < 1).any()),
+                           min_p=bool((f32[MIN_P] > 0).any()), logprobs=logprobs,
+                           on_gpu=(self.device or torch.device("cpu")).type == "cuda")
 
     def sample(self, local_logits: torch.Tensor, plan: SamplingPlan, *,
                draft_probs: Optional[torch.Tensor] = None) -> SamplerOutput:
-        states = [self.slots.get(r) for r in plan.req_ids]
+        """Sample the step: the output is identical on every rank, in batch order.
+
+        local_logits: [plan.num_rows, V_r] this rank's vocab shard, rows in plan.logits_order
+        (float32 / bf16 / fp16). draft_probs: optional [rows, V_r] draft distributions (rows in
+        logits_order) for probabilistic drafts. Side effect: each request's emitted tokens are
+        appended to its history on the device. No host synchronisation (unless profile_memory)."""
+        self._check_plan(plan)
         width = self.col_end - self.col_start
         check_logits(local_logits, plan.num_rows, width, "local_logits")
         if draft_probs is not None:
             check_draft_probs(draft_probs, plan.num_rows, width)
+        dev = local_logits.device
+        if self.device is None:
+            self.device = dev
         comm = Collectives(self.group)
-        ctx = StepContext(states, self.vocab_size, self.col_start, self.col_end, self.eos_token_id, comm,
+        if self._check is not None:
+            self._agree(plan)
+        store = self.store
+        need = int((store.history.upper[plan.slots] + plan.rows_per_req).max()) if plan.num_reqs else 0
+        store.sync(dev, need)
+        ctx = StepContext(store, self.vocab_size, self.col_start, self.col_end, comm,
                           draft_probs=draft_probs, inplace=self.inplace_logits)
-        on_cuda = local_logits.is_cuda
-        if on_cuda:
-            torch.cuda.synchronize(local_logits.device)
-            torch.cuda.reset_peak_memory_stats(local_logits.device)
-            base = torch.cuda.memory_allocated(local_logits.device)
-        out = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
-        peak = (torch.cuda.max_memory_allocated(local_logits.device) - base) if on_cuda else ctx.meter.peak
-        for i, state in enumerate(states):
-            state.output_token_ids.extend(out.tokens(i))
+        base = self._start_profile(dev)
+        result = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
+        m = plan.max_rows
+        slots_dev = plan.device_array("slots", plan.slots, dev)
+        store.append(slots_dev, result.block[:, :m], result.block[:, m], append_kernel(dev))
+        store.history.note_step(plan.slots, plan.rows_per_req)
+        peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
         self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
                                     comm.stats.num_collectives, int(peak),
                                     local_logits.numel() * local_logits.element_size())
-        return out
+        return SamplerOutput(result.block, m, result.logprobs)
+
+    def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
+        """Record a plain decode step (no drafts, logprobs or grammar mask) of `sample` for this
+        plan and this logits buffer in a CUDA graph; `.replay()` then samples the buffer's current
+        contents with the same tokens an eager `sample` gives (see `tpsample.capture`)."""
+        from .capture import CapturedStep
+        return CapturedStep(self, plan, logits, reserve_tokens)
+
+    def output_token_ids(self, req_id: str) -> list[int]:
+        """The tokens a request has emitted so far (reads the device: not for hot paths)."""
+        return self.store.slots.get(req_id).output_token_ids
+
+    def _check_plan(self, plan) -> None:
+        if not isinstance(plan, SamplingPlan):
+            raise ValueError(f"plan must be a SamplingPlan from Sampler.plan, got {type(plan).__name__}")
+        if plan.sampler_uid != self.uid:
+            raise ValueError("plan was built by another Sampler; build it with this sampler's plan()")
+        if plan.num_reqs and not np.array_equal(self.store.slots.generation[plan.slots], plan.generations):
+            raise ValueError("plan is stale: a request it names was removed (or its slot reused) after "
+                             "plan() was called; call plan() again")
+
+    def _agree(self, plan: SamplingPlan) -> None:
+        """Every rank must be sampling the same plan (same requests, order, drafts, strategy);
+        otherwise the collectives that follow would mismatch (a hang) or silently differ. Runs
+        every step (a rank cannot know whether the others changed their plan), on the host."""
+        prints = self._check.all_gather(torch.tensor([plan.fingerprint()], dtype=torch.int64)).view(-1).tolist()
+        if len(set(prints)) != 1:
+            raise ValueError(f"TP ranks disagree on the step: plan fingerprints {prints} differ (every rank "
+                             "must add the same requests with the same params and plan the same req_ids in "
+                             "the same order)")
+
+    def _start_profile(self, dev):
+        if not (self.profile_memory and dev.type == "cuda"):
+            return None
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        return torch.cuda.memory_allocated(dev)
+
+    def _end_profile(self, dev, base: int) -> int:
+        torch.cuda.synchronize(dev)
+        return torch.cuda.max_memory_allocated(dev) - base

@@ -1,11 +1,17 @@
 """Input checks for the Sampler facade: clear `ValueError`s before any collective or kernel runs."""
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
+
+MAX_NUM_REQS = 1 << 24          # slot ids travel as int32 in places; 16M concurrent requests
+MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is a full sort
 
 
 def is_token(t, vocab_size: int) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+    return _is_int(t) and 0 <= t < vocab_size
 
 
 def check_req_ids(req_ids) -> list[str]:
@@ -16,30 +22,75 @@ def check_req_ids(req_ids) -> list[str]:
     return list(req_ids)
 
 
-def check_prompt(prompt, vocab_size: int) -> None:
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
+                       strategy, strategy_names) -> None:
+    if not _is_int(vocab_size) or not 1 <= vocab_size < 2**31:
+        raise ValueError(f"vocab_size must be an integer in [1, 2**31), got {vocab_size!r}")
+    if strategy not in strategy_names:
+        raise ValueError(f"strategy must be one of {strategy_names}, got {strategy!r}")
+    if not _is_int(max_num_logits_per_req) or not 1 <= max_num_logits_per_req <= 64:
+        raise ValueError(f"max_num_logits_per_req must be an integer in [1, 64], got {max_num_logits_per_req!r}")
+    if not _is_int(max_logprobs) or not 0 <= max_logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {max_logprobs!r}")
+    if not _is_int(max_num_reqs) or not 1 <= max_num_reqs <= MAX_NUM_REQS:
+        raise ValueError(f"max_num_reqs must be an integer in [1, {MAX_NUM_REQS}], got {max_num_reqs!r}")
+    if eos_token_id is not None and not is_token(eos_token_id, vocab_size):
+        raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {eos_token_id!r}")
+
+
+def check_prompt(prompt, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints (a list, tuple, 1-D int tensor or array of token ids)."""
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
+        prompt = prompt.tolist()
+    elif isinstance(prompt, np.ndarray) and prompt.ndim == 1 and np.issubdtype(prompt.dtype, np.integer):
+        prompt = prompt.tolist()
     if not isinstance(prompt, (list, tuple)):
         raise ValueError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
     bad = [t for t in prompt if not is_token(t, vocab_size)]
     if bad:
         raise ValueError(f"prompt_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
+    return [int(t) for t in prompt]
 
 
-def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int) -> list[list[int]]:
+def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int) -> np.ndarray:
+    """Drafts as an int64 matrix [num_reqs, D] padded with -1 (D = 0 without drafts).
+
+    Accepts a list with one list of token ids per request, or an int array / tensor
+    [num_reqs, D] whose rows hold each request's drafts first, then -1 padding."""
     if drafts is None:
-        return [[] for _ in range(num_reqs)]
-    if not isinstance(drafts, (list, tuple)) or not all(isinstance(d, (list, tuple)) for d in drafts):
-        raise ValueError("draft_token_ids must be a list with one list of token ids per request")
-    drafts = [list(d) for d in drafts]
-    if len(drafts) != num_reqs:
-        raise ValueError(f"draft_token_ids must have one list per request ({num_reqs}), got {len(drafts)}")
-    for d in drafts:
-        if len(d) > max_logits_per_req - 1:
-            raise ValueError(f"draft_token_ids: at most max_num_logits_per_req - 1 = {max_logits_per_req - 1} "
-                             f"drafts per request, got {len(d)}")
-        bad = [t for t in d if not is_token(t, vocab_size)]
-        if bad:
+        return np.zeros((num_reqs, 0), dtype=np.int64)
+    if isinstance(drafts, (torch.Tensor, np.ndarray)):
+        arr = drafts.cpu().numpy() if isinstance(drafts, torch.Tensor) else drafts
+        if arr.ndim != 2 or arr.shape[0] != num_reqs or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"draft_token_ids as an array must be integers of shape [{num_reqs}, D]")
+        arr = arr.astype(np.int64)
+        valid = arr >= 0
+        if (valid[:, 1:] & ~valid[:, :-1]).any():
+            raise ValueError("draft_token_ids: each row must hold its drafts first, then -1 padding")
+    else:
+        if not isinstance(drafts, (list, tuple)) or not all(isinstance(d, (list, tuple)) for d in drafts):
+            raise ValueError("draft_token_ids must be a list with one list of token ids per request")
+        if len(drafts) != num_reqs:
+            raise ValueError(f"draft_token_ids must have one list per request ({num_reqs}), got {len(drafts)}")
+        width = max((len(d) for d in drafts), default=0)
+        if any(not is_token(t, vocab_size) for d in drafts for t in d):
+            bad = [t for d in drafts for t in d if not is_token(t, vocab_size)]
             raise ValueError(f"draft_token_ids must be token ids in [0, {vocab_size}), got {bad[:5]}")
-    return drafts
+        arr = np.full((num_reqs, width), -1, dtype=np.int64)
+        for i, d in enumerate(drafts):
+            arr[i, : len(d)] = d
+        valid = arr >= 0
+    most = int(valid.sum(axis=1).max()) if num_reqs and arr.shape[1] else 0
+    if most > max_logits_per_req - 1:
+        raise ValueError(f"draft_token_ids: at most max_num_logits_per_req - 1 = {max_logits_per_req - 1} "
+                         f"drafts per request, got {most}")
+    if (arr >= vocab_size).any():
+        raise ValueError(f"draft_token_ids must be token ids in [0, {vocab_size}), got {arr[arr >= vocab_size][:5].tolist()}")
+    return arr[:, :most] if arr.shape[1] > most else arr
 
 
 def check_bitmask(mask, num_rows: int, vocab_size: int):

@@ -24,6 +24,9 @@ def add_args(p) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--plot", default="bench_sampler.png", help="where to save the plot ('' to skip)")
+    p.add_argument("--compare", action="store_true",
+                   help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, "
+                        "wall time per call as an engine sees it (uses --rows, first --vocab, --steps as iterations)")
 
 
 def _case(sampler_cls, params_cls, group, strategy, rows, vocab, steps, device):
@@ -82,6 +85,10 @@ def run(args) -> list[dict]:
 
 
 def main(args) -> None:
+    if getattr(args, "compare", False):
+        from . import compare
+        compare.main(args)
+        return
     from rich.console import Console
     from rich.table import Table
     results = run(args)

@@ -7,6 +7,7 @@ is checked here first.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 
 from .args import (UsageError, check_device, check_gpus_for_ranks, check_tp_splits, check_writable_file,
@@ -40,10 +41,16 @@ def _sampler_parser(what) -> None:
                    help="timed steps per case (after one warm-up step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the logits live")
     p.add_argument("--plot", metavar="PATH", default="bench_sampler.png", help="PNG path for the plot ('' to skip)")
+    p.add_argument("--compare", action="store_true",
+                   help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
+                        "call as an engine sees it (uses --rows, the first --vocab, --steps as iterations)")
     p.set_defaults(check=_check_sampler, run=_run_sampler)
 
 
 def _check_sampler(args) -> None:
+    if args.compare:
+        check_device("cuda", "--compare")
+        return
     check_device(args.device)
     if args.plot:
         check_writable_file(args.plot, "--plot")
@@ -103,13 +110,20 @@ def _run_kernels(args) -> int:
 
 
 def _engine_parser(what) -> None:
-    p = what.add_parser("engine", help="engine throughput and latency per strategy")
+    from ..engine.bench_presets import PRESETS
+
+    p = what.add_parser("engine", help="engine throughput and latency per strategy, or a realistic preset")
+    p.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="a realistic shape with random weights (docs/engine.md); --tp / --strategies override the "
+                        "preset's, the sweep options are ignored (default: none, the sweep)")
+    p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time transformers' generate on the same GPU and batch (default: the preset's)")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="local HF checkpoint folder (default: a random Qwen2-shaped model, V = 151,936)")
-    p.add_argument("--tp", metavar="N", type=int_at_least(1), default=2,
-                   help="tensor-parallel ranks (one process each)")
-    p.add_argument("--strategies", metavar="NAMES", type=csv_choices(STRATEGIES), default=list(STRATEGIES),
-                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
+    p.add_argument("--tp", metavar="N", type=int_at_least(1), default=None,
+                   help="tensor-parallel ranks, one process each (default: 2, or the preset's)")
+    p.add_argument("--strategies", metavar="NAMES", type=csv_choices(STRATEGIES), default=None,
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all, or the preset's)")
     p.add_argument("--batch-sizes", metavar="LIST", type=csv_ints(1), default=[1, 8, 32],
                    help="comma-separated requests per run (default: 1,8,32)")
     p.add_argument("--prompt-len", metavar="TOKENS", type=int_at_least(1), default=32,
@@ -128,6 +142,15 @@ def _engine_parser(what) -> None:
 
 
 def _check_engine(args) -> None:
+    if args.preset is not None:
+        from ..engine.bench_presets import PRESETS
+
+        preset = PRESETS[args.preset]
+        args.tp = args.tp or preset.tp
+        check_gpus_for_ranks(args.device, args.tp)
+        check_tp_splits(preset.shape, args.tp, f"preset {args.preset}")
+        return
+    args.tp, args.strategies = args.tp or 2, args.strategies or list(STRATEGIES)
     check_writable_file(args.plot, "--plot")
     check_gpus_for_ranks(args.device, args.tp)
     config = read_model_config(args.model) if args.model is not None else BUILTIN_MODEL
@@ -135,9 +158,13 @@ def _check_engine(args) -> None:
 
 
 def _run_engine(args) -> int:
-    from ..engine.bench_engine import run_bench
+    from ..engine.bench_engine import run_bench, run_preset
     from ..term import phase
 
+    if args.preset is not None:           # run_preset shows its own progress
+        run_preset(args.preset, strategies=args.strategies, device=args.device, hf_reference=args.hf_reference,
+                   tp=args.tp)
+        return 0
     with phase(f"bench engine: {len(args.strategies)} strategies x batch sizes {args.batch_sizes} at TP={args.tp}"):
         run_bench(model=args.model, tp=args.tp, strategies=args.strategies, batch_sizes=args.batch_sizes,
                   device=args.device, dtype=args.dtype, prompt_len=args.prompt_len, max_tokens=args.max_tokens,

@@ -13,8 +13,10 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 
+import torch
 import torch.distributed as dist
 
 from tpsample.engine.config import EngineConfig
@@ -25,6 +27,15 @@ from tpsample.engine.step import EndOfGenerate, Shutdown
 
 def under_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def release_device_memory() -> None:
+    """Collect what the engine left in reference cycles, then hand the allocator's cached blocks
+    back to the driver (a next LLM sizes its KV cache from the driver's free memory)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 class InProcessBackend:
@@ -39,7 +50,11 @@ class InProcessBackend:
         return outputs, self.engine.stats
 
     def close(self) -> None:
-        pass
+        """Frees the model, KV cache and graphs now, so a next LLM in this process finds the memory."""
+        if self.engine is not None:
+            self.engine.runner.close()
+            self.engine = None
+            release_device_memory()
 
 
 class SpmdBackend:
@@ -80,5 +95,8 @@ class SpmdBackend:
             self.engine.shutdown()
         elif not isinstance(self.channel.recv(), Shutdown):
             raise RuntimeError("expected rank 0 to shut the engine down")
+        self.runner.close()
+        self.engine = self.runner = None
+        release_device_memory()
         if self._owns_default_group:        # gloo threads must stop before the interpreter does
             dist.destroy_process_group()

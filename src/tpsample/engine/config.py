@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
 DEVICES = ("cpu", "cuda")
+LOAD_FORMATS = ("safetensors", "dummy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +41,8 @@ class EngineConfig:
     max_logprobs: int = 20
     step_timeout_s: float = 300.0               # a step with no answer from the workers fails
     startup_timeout_s: float = 600.0
+    cuda_graphs: bool = True                    # replay decode steps from CUDA graphs (GPU only)
+    load_format: str = "safetensors"            # "dummy": random weights, only config.json is read
 
     def __post_init__(self) -> None:
         _positive_int(self.tensor_parallel_size, "tensor_parallel_size")
@@ -49,6 +52,10 @@ class EngineConfig:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.device is not None and self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES} or None, got {self.device!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_tokens"):

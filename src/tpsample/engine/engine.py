@@ -14,32 +14,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import torch.distributed as dist
-
 from tpsample.engine.report import EngineInfo, RunStats
 from tpsample.engine.request import GuidedDecoding, Request, RequestOutput, StreamDelta, TokenLogprob
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.scheduler import Scheduler
-from tpsample.engine.step import EndOfGenerate, Shutdown, StepInput
+from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel, StepInput
 from tpsample.engine.structured import GrammarBackend
-
-
-class StepChannel:
-    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1."""
-
-    def __init__(self, group=None):
-        self.group = group
-        self.size = 1 if group is None else dist.get_world_size(group)
-        self._src = None if group is None else dist.get_global_rank(group, 0)
-
-    def send(self, msg) -> None:
-        if self.size > 1:
-            dist.broadcast_object_list([msg], src=self._src, group=self.group)
-
-    def recv(self):
-        box = [None]
-        dist.broadcast_object_list(box, src=self._src, group=self.group)
-        return box[0]
 
 
 def follow(runner: ModelRunner, channel: StepChannel):
@@ -66,7 +46,8 @@ class Engine:
             block_size=self.cfg.block_size, kv_tokens=runner.memory.num_blocks * self.cfg.block_size,
             max_model_len=runner.max_model_len, max_num_seqs=self.cfg.max_num_seqs,
             sampler_peak_bytes=tuple(sampler_peaks or [runner.memory.sampler_peak_bytes]),
-            weights_bytes=runner.memory.weights_bytes, kv_bytes_per_token=runner.memory.kv_bytes_per_token)
+            weights_bytes=runner.memory.weights_bytes, kv_bytes_per_token=runner.memory.kv_bytes_per_token,
+            attention=runner.attention_backend, cuda_graph_batch_sizes=runner.cuda_graph_batch_sizes)
         self.stats = RunStats()
         self._next_id = 0
 
@@ -107,6 +88,7 @@ class Engine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, list[int]]]:
+        start = time.perf_counter()
         step = self.scheduler.schedule()
         if not step.token_ids:
             raise RuntimeError("scheduler made no progress (no tokens scheduled); this is a bug")
@@ -122,6 +104,8 @@ class Engine:
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
         results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out))
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
+        if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
+            self.stats.add_decode_step(time.perf_counter() - start, sum(step.seq_lens))
         return results
 
     def flush(self) -> None:

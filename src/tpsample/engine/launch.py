@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from tpsample.engine.config import EngineConfig
-from tpsample.engine.engine import Engine, StepChannel
+from tpsample.engine.engine import Engine
+from tpsample.engine.step import StepChannel
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.tokenizer import generation_eos_ids, make_grammar_backend
 

@@ -1,25 +1,43 @@
-"""ModelRunner: one per rank. Owns this rank's model shard, KV cache and sampler.
+"""ModelRunner: one per rank. Owns this rank's model shard, KV cache, block tables and sampler.
 
 Contract
 - Inputs: `StepInput`s (identical on every rank, in the same order). `execute` applies the
-  sampler's removals and additions (so slots match on every rank), runs the forward over the
-  step's tokens writing their K/V into the paged cache, computes this rank's local logits for
-  the sampled rows in `plan.logits_order`, and calls the sampler.
+  sampler's removals and additions (so slots match on every rank) and the step's block-table
+  diff, runs the forward over the step's tokens writing their K/V into the paged cache, computes
+  this rank's local logits for the sampled rows in `plan.logits_order`, and calls the sampler.
 - Outputs: the sampler's `SamplerOutput` (identical on every rank) or None when nothing sampled.
+- Paths: on CUDA the attention is the Triton paged kernels and pure decode steps replay a CUDA
+  graph (forward + LM head; the sampler runs outside it); prefill, mixed and draft steps run
+  eagerly. On CPU: the torch attention, eagerly. Metadata is built with numpy, never per token.
 - Invariants: never all-gathers logits (what crosses ranks is the sampler strategy's business);
   every rank executes every step, including ranks that own no sampled row; the KV capacity is
-  the same on every rank.
+  the same on every rank. `close` drops every device tensor the runner holds.
 - Never imports the scheduler, tokenizers, xgrammar or any process-management code.
 """
 from __future__ import annotations
 
+import gc
+
+import numpy as np
 import torch
 
 import tpsample
+from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
 from tpsample.engine.step import StepInput
-from tpsample.model import ModelConfig, TPGroup, build_attention_metadata, load_model, resolve_dtype
+from tpsample.model import (AttentionMetadata, ModelConfig, TPGroup, build_attention_metadata,
+                            build_paged_metadata, load_model, resolve_dtype, slot_mapping_np)
+
+
+def kernels_usable(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class ModelRunner:
@@ -29,8 +47,11 @@ class ModelRunner:
         self.group = TPGroup(process_group)
         self.model_config = ModelConfig.from_folder(cfg.model)
         self.dtype = resolve_dtype(cfg.dtype, self.model_config)
-        self.model = load_model(cfg.model, self.group, dtype=self.dtype, device=self.device)
+        self.model = load_model(cfg.model, self.group, dtype=self.dtype, device=self.device,
+                                load_format=cfg.load_format)
         self.vocab_size = self.model_config.vocab_size
+        self.use_kernels = kernels_usable(self.device)
+        self.attention_backend = "triton" if self.use_kernels else "torch"
         eos = self.model_config.eos_token_ids
         self.sampler = tpsample.Sampler(
             self.vocab_size, max_num_reqs=cfg.max_num_seqs,
@@ -39,13 +60,28 @@ class ModelRunner:
             eos_token_id=eos[0] if eos and eos[0] < self.vocab_size else None)
         wanted_len = cfg.max_model_len or self.model_config.max_position_embeddings
         self.memory: MemoryProfile = size_kv(self.model, self.sampler, cfg, self.group, self.dtype,
-                                             self.device, wanted_len)
+                                             self.device, wanted_len, use_kernels=self.use_kernels)
         capacity = self.memory.num_blocks * cfg.block_size
         if cfg.max_model_len is not None and cfg.max_model_len > capacity:
             raise ValueError(f"max_model_len={cfg.max_model_len} exceeds the KV cache capacity of "
                              f"{capacity} tokens; lower it or give the cache more memory")
         self.max_model_len = min(wanted_len, capacity)
         self.kv_cache = allocate_kv(self.model, self.memory.num_blocks, cfg.block_size, self.dtype, self.device)
+        self.max_seq_len = self.max_model_len + cfg.num_speculative_tokens
+        max_pages = -(-self.max_seq_len // cfg.block_size)
+        self.tables = BlockTables(cfg.max_num_seqs, max_pages)
+        self.graphs = None
+        if self.use_kernels and cfg.cuda_graphs and self._graphs_supported():
+            from tpsample.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.model, max_num_seqs=cfg.max_num_seqs, max_pages=max_pages,
+                                       page_size=cfg.block_size, max_seq_len=self.max_seq_len, device=self.device)
+            self.graphs.capture()
+        self.cuda_graph_batch_sizes = tuple(self.graphs.sizes) if self.graphs else ()
+
+    def _graphs_supported(self) -> bool:
+        # dynamic NTK RoPE computes angles from each sequence's length on the host side of torch ops
+        return self.model_config.rope.rope_type != "dynamic"
 
     def sampler_peaks(self) -> list[int]:
         """Every rank's sampler peak from the profile step (a collective: call on every rank)."""
@@ -57,20 +93,62 @@ class ModelRunner:
     def execute(self, step: StepInput):
         for req_id in step.remove:
             self.sampler.remove_request(req_id)
+            self.tables.remove(req_id)
         for req_id, params, prompt in step.add:
             self.sampler.add_request(req_id, params, prompt)
+            self.tables.add(req_id)
+        self.tables.apply(step.block_updates)
         if not step.token_ids:
             return None
+        q_lens = np.asarray(step.query_lens, dtype=np.int64)
+        s_lens = np.asarray(step.seq_lens, dtype=np.int64)
+        rows = self.tables.rows(step.seq_req_ids)
+        tables = self.tables.gather(rows, int(-(-s_lens.max() // self.cfg.block_size)))
+        positions, slots = slot_mapping_np(q_lens, s_lens, tables, self.cfg.block_size)
+        token_ids = np.asarray(step.token_ids, dtype=np.int64)
+        decode = len(token_ids) == len(s_lens) == len(step.logits_token_index)
+        if decode and self.graphs is not None and self.graphs.bucket(len(s_lens)) is not None:
+            plan = self._plan(step)
+            logits = self.graphs.run(token_ids, positions, slots, s_lens, tables)    # [S, V_r], row = seq
+            return self.sampler.sample(_reorder(logits, plan.logits_order), plan)
+        meta = self._metadata(q_lens, s_lens, tables, slots, decode)
         dev = self.device
-        tokens = torch.tensor(step.token_ids, dtype=torch.int64, device=dev)
-        positions = torch.cat([torch.arange(s - q, s) for q, s in zip(step.query_lens, step.seq_lens)]).to(dev)
-        meta = build_attention_metadata(step.query_lens, step.seq_lens, step.block_tables,
-                                        self.cfg.block_size, dev)
-        hidden = self.model(tokens, positions, meta)                    # [T, H]
+        hidden = self.model(torch.from_numpy(token_ids).to(dev), torch.from_numpy(positions).to(dev), meta)
         if not step.sample_req_ids:
             return None
-        plan = self.sampler.plan(step.sample_req_ids, draft_token_ids=step.draft_token_ids,
-                                 grammar_bitmask=step.grammar_bitmask)
+        plan = self._plan(step)
         rows = torch.tensor(step.logits_token_index, dtype=torch.int64)[plan.logits_order.cpu()]
         local_logits = self.model.compute_logits(hidden[rows.to(dev)])  # [rows, V_r]
         return self.sampler.sample(local_logits, plan)
+
+    def _plan(self, step: StepInput):
+        return self.sampler.plan(step.sample_req_ids, draft_token_ids=step.draft_token_ids,
+                                 grammar_bitmask=step.grammar_bitmask)
+
+    def _metadata(self, q_lens: np.ndarray, s_lens: np.ndarray, tables: np.ndarray, slots: np.ndarray,
+                  decode: bool) -> AttentionMetadata:
+        if not self.use_kernels:
+            return build_attention_metadata(q_lens, s_lens, tables, self.cfg.block_size, self.device)
+        num_kv_heads = self.model.attention_layers()[0].num_kv_heads
+        return build_paged_metadata(q_lens, s_lens, tables, slots, self.cfg.block_size, self.max_seq_len,
+                                    self.device, decode=decode, num_kv_heads=num_kv_heads)
+
+    def close(self) -> None:
+        """Release the model, KV cache, graphs and sampler (and their device memory)."""
+        if self.graphs is not None:
+            self.graphs.close()
+        for attn in (self.model.attention_layers() if self.model is not None else []):
+            attn.kv_cache = None
+        self.graphs = self.kv_cache = self.model = self.sampler = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+
+def _reorder(logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """logits[order], skipping the gather when the order is the identity."""
+    idx = order.cpu().numpy()
+    if np.array_equal(idx, np.arange(len(idx))):
+        return logits
+    return logits[order.to(logits.device)]

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from tpsample.engine.block_manager import BlockManager
 from tpsample.engine.config import EngineConfig
-from tpsample.engine.ngram import propose_ngram
+from tpsample.engine.ngram import NgramProposer
 from tpsample.engine.request import Request, Status, TokenLogprob
 from tpsample.engine.step import StepInput
 from tpsample.engine.structured import GrammarBackend, valid_draft_prefix
@@ -38,6 +38,9 @@ class Scheduler:
         self._to_remove: list[str] = []
         self._num_in_sampler = 0
         self._scheduled: list[tuple[Request, int, list[int]]] = []
+        self._pages_sent: dict[str, int] = {}      # req_id -> pages every rank's table holds
+        spec = cfg.speculative_ngram
+        self._ngram = None if spec is None else NgramProposer(min_n=spec.min_n, max_n=spec.max_n)
         self.num_preemptions = 0
         self.max_running = 0
 
@@ -106,6 +109,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
+        self._pages_sent[req.req_id] = 0           # its next pages restart the table
         req.num_computed_tokens = 0
         req.status = Status.WAITING
         req.num_preemptions += 1
@@ -118,31 +122,35 @@ class Scheduler:
             return []
         limit = min(req.max_total_tokens, self.max_model_len) - req.num_tokens - 1
         k = min(spec.num_speculative_tokens, limit, budget)
-        drafts = propose_ngram(req.all_token_ids(), k=k, min_n=spec.min_n, max_n=spec.max_n)
+        drafts = self._ngram.propose(req.req_id, req.prompt_token_ids, req.output_token_ids, k)
         if drafts and req.matcher is not None:
             drafts = valid_draft_prefix(req.matcher, drafts)
         return drafts
 
     def _build_step(self, scheduled: list, added: list) -> StepInput:
-        tokens, q_lens, s_lens, tables = [], [], [], []
+        tokens, q_lens, s_lens, seq_ids, updates = [], [], [], [], []
         sample_ids, drafts_all, rows, row_reqs = [], [], [], []
         for req, num_new, drafts in scheduled:
             start = req.num_computed_tokens
             first_token = len(tokens)
-            tokens += req.all_token_ids()[start:start + num_new] + drafts
+            tokens += _token_slice(req, start, start + num_new) + drafts
             q_lens.append(num_new + len(drafts))
             s_lens.append(start + num_new + len(drafts))
-            tables.append(list(req.block_ids))
+            seq_ids.append(req.req_id)
+            sent = self._pages_sent.get(req.req_id, 0)
+            if len(req.block_ids) > sent:
+                updates.append((req.req_id, sent, tuple(req.block_ids[sent:])))
+                self._pages_sent[req.req_id] = len(req.block_ids)
             if start + num_new == req.num_tokens:
                 sample_ids.append(req.req_id)
                 drafts_all.append(list(drafts))
-                rows += [first_token + num_new - 1 + j for j in range(len(drafts) + 1)]
+                rows += range(first_token + num_new - 1, first_token + num_new + len(drafts))
                 row_reqs.append((req, drafts))
         return StepInput(
-            remove=self.pending_removals(), add=tuple(added), token_ids=tokens, query_lens=q_lens,
-            seq_lens=s_lens, block_tables=tables, sample_req_ids=sample_ids,
-            draft_token_ids=drafts_all if any(drafts_all) else None, logits_token_index=rows,
-            grammar_bitmask=self._bitmask(row_reqs, len(rows)))
+            remove=self.pending_removals(), add=tuple(added), block_updates=tuple(updates),
+            seq_req_ids=tuple(seq_ids), token_ids=tokens, query_lens=q_lens, seq_lens=s_lens,
+            sample_req_ids=sample_ids, draft_token_ids=drafts_all if any(drafts_all) else None,
+            logits_token_index=rows, grammar_bitmask=self._bitmask(row_reqs, len(rows)))
 
     def _bitmask(self, row_reqs: list, num_rows: int):
         if self.grammar is None or not any(req.matcher is not None for req, _ in row_reqs):
@@ -207,3 +215,14 @@ class Scheduler:
         self.running.remove(req)
         self._to_remove.append(req.req_id)
         self._num_in_sampler -= 1
+        self._pages_sent.pop(req.req_id, None)
+        if self._ngram is not None:
+            self._ngram.drop(req.req_id)
+
+
+def _token_slice(req: Request, start: int, end: int) -> list[int]:
+    """req.all_token_ids()[start:end] without building the whole history (decode takes one)."""
+    num_prompt = len(req.prompt_token_ids)
+    if start >= num_prompt:
+        return req.output_token_ids[start - num_prompt:end - num_prompt]
+    return req.prompt_token_ids[start:end] + req.output_token_ids[:max(0, end - num_prompt)]

@@ -6,7 +6,7 @@ is `tpsample.kernels.torch_ref`, and `tpsample.sampling` computes the same on CP
   or upcast as a whole (kernels upcast per block). Column j is global token col_offset + j.
 - Per-row params: temperature [R] fp32 (0 = greedy), top_k [R] int32 (<= 0 or >= V: off),
   top_p [R] fp32 (>= 1: off), log_min_p [R] fp32 (= log(min_p); -inf: off), key0/key1 [R] int64
-  holding uint32 row keys from `sampling.rng.row_keys`.
+  holding uint32 row keys from `tpsample.noise.row_keys`.
 - l = fp32(x) / T with IEEE division; NaN counts as -inf everywhere; -inf is never kept.
   greedy: argmax of fp32(x), ties -> lowest id; valid iff that max > -inf.
   t1 = max(l) + log_min_p (only when min-p is on); t2 = the k-th largest l counting duplicates
@@ -28,91 +28,10 @@ Must not import tpsample.sampling's pipeline (only rng); the sampler imports thi
 """
 from __future__ import annotations
 
-import functools
-import math
-import os
-from dataclasses import dataclass
-
 import torch
 
-from .torch_ref import mass_shift
-
-MAX_ROUNDS = 64
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
-    small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
-    inside a warp or two; ~16 programs per SM in all. CAP candidates per row, P pivots and NB
-    histogram bins per search pass."""
-    block: int = 256           # columns per step in the round passes
-    scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
-    cap: int = 2048
-    small: int = 256
-    pivots: int = 8
-    bins: int = 256
-    num_warps: int = 1         # round passes and stats / shard kernels
-    scan_warps: int = 4        # the scan
-    row_warps: int = 4         # per-row kernels (select, finish)
-    splits: int | None = None       # programs per row; None: ~16 per SM in all
-    block_max_cols: int | None = None   # BB; None: 16..128 from V
-
-
-DEFAULT = KernelConfig()
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def kernels_available(device) -> bool:
-    """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
-    dev = torch.device(device)
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    if dev.type == "cuda":
-        return torch.cuda.is_available()
-    return dev.type == "cpu" and interpreting()
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
-    """Programs per row: about 16 per SM in all (so R = 1 still fills the GPU), a power of two."""
-    if cfg.splits is not None:
-        return cfg.splits
-    if torch.device(device).type != "cuda":
-        return 1
-    sms = _sm_count(torch.device(device).index or 0)
-    want = _pow2(max(1, (16 * sms) // max(rows, 1)))
-    most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
-    return max(1, min(want, most))
-
-
-@dataclass(frozen=True)
-class RowHints:
-    """What the batch holds, known on the host (so the call needs no device sync and compiles
-    only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
-    top-p (which may need several rounds), greedy rows, plain rows (temperature only).
-    A hint may be True when no such row exists (slower), never False when one does."""
-    any_filter: bool = True
-    any_top_k_or_p: bool = True
-    any_greedy: bool = True
-    any_plain: bool = True
-
-    @property
-    def modes(self) -> int:
-        return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)
+from ..numerics import mass_shift
+from .config import DEFAULT, MAX_ROUNDS, KernelConfig, RowHints, _pow2, interpreting, kernels_available, num_splits  # noqa: F401
 
 
 def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
@@ -128,9 +47,10 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
                 exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
-    valid [R] bool: False where the guard chose the token). nans_out: optional [R] int64 tensor
+    valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
+    [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
     that receives each row's NaN count (counted in the first pass, no extra read of x)."""
-    from .sample_launch import launch_sample
+    from .sample_launch import launch_sample  # kernels are built on first use (interpreter or GPU)
     rows, cols = x.shape
     if rows == 0:
         return torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device)
@@ -158,6 +78,15 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     from .stats_launch import launch_stats
     mx, _, lse, tv, ti, _ = launch_stats(x, temperature, threshold, None, n, True, col_offset, cfg)
     return mx, lse, tv, ti
+
+
+def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
+    """One pass over fp32(x) (NaN -> -inf) for the logprobs of sampled tokens whose raw values
+    [R] fp32 are `values`: (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
+    int64 of entries strictly greater than values, i.e. rank - 1)."""
+    from .stats_launch import launch_stats
+    _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg)
+    return lse, tv, ti, cnt
 
 
 def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = DEFAULT):

@@ -1,4 +1,4 @@
-"""Triton twin of `tpsample.sampling.rng`: the same noise bits, computed in uint32.
+"""Triton twin of `tpsample.noise`: the same noise bits, computed in uint32.
 
 Contract: for key0/key1 (uint32) and global token ids, `uniform_bits` returns exactly the u of
 `rng.uniform_bits` (native uint32 arithmetic wraps mod 2**32, which is what the torch version

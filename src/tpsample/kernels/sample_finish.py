@@ -170,14 +170,14 @@ def _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv,
     return stage
 
 
-@triton.jit(do_not_specialize=["col_offset"])
-def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
-                  st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
-                  st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
-                  NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
-    row = tl.program_id(0)
+@triton.jit
+def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
+                st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """The row's step after a round; returns its new stage (DONE when its token is written)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
     stage = tl.load(st_stage + row)
@@ -225,5 +225,21 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                            st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
                            p_mgt, p_hist, NSPLIT, CAP, P, NB)
     tl.store(st_stage + row, stage)
+    return stage
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                  st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
+                  st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
+                  NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+    row = tl.program_id(0)
+    stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                        st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
+                        st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                        p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES)
     if stage != DONE:
         tl.atomic_add(pending, 1)

@@ -1,9 +1,9 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
-Launches: scan (rows x splits), select (rows); then, only if some row filters, rounds of
-[round_kernel (rows x splits), finish_kernel (rows)]. Rows with min-p alone finish in one round
-(no sync). Rows with top-k / top-p usually finish in one round too (the candidate path); the
-host reads one int (`pending`) after each round to know whether any row still searches.
+Launches: scan (rows x splits), select (rows); then, only if some row filters, one round
+[round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
+drain_kernel (rows), which finishes the rows the round left searching (one program per row).
+The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
 The workspace is O(rows x (V / BB + CAP)) bytes, one allocation per call (the caching
 allocator reuses it).
 """
@@ -13,11 +13,16 @@ import math
 
 import torch
 
-from .dispatch import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
+from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
+from .launcher import Launcher
+from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
+
+SCAN, SELECT, ROUND, FINISH, DRAIN = (Launcher(k) for k in (scan_kernel, select_kernel, round_kernel, finish_kernel,
+                                                           drain_kernel))
 
 
 class Workspace:
@@ -97,34 +102,39 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     token = torch.empty(rows, dtype=torch.int64, device=dev)
     valid = torch.empty(rows, dtype=torch.bool, device=dev)
     nw = cfg.num_warps
-    scan_kernel[(rows, splits)](x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
-                                ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
-                                nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
-                                num_warps=cfg.scan_warps)
-    select_kernel[(rows,)](t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s,
-                           ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
-                           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
-                           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
-                           EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
+    SCAN((rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
+         ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
+         nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
+         num_warps=cfg.scan_warps)
+    SELECT((rows,), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m,
+           ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
+           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
+           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
+           EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
     if hints.any_filter:
+        # one round settles almost every row (min-p always; top-k / top-p unless the candidates
+        # overflow); the drain kernel finishes the others on the device, so the host never waits
         scale = float(2.0 ** shift)
-        for it in range(MAX_ROUNDS):
-            stages = 7 if it else (3 if hints.any_top_k_or_p else 2)
-            round_kernel[(rows, splits)](x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
-                                         ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
-                                         ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-                                         ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
-                                         NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
-                                         NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, num_warps=nw)
-            finish_kernel[(rows,)](cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
-                                   ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
-                                   ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
-                                   NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-                                   EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
-            if not hints.any_top_k_or_p or int(ws.pending.item()) == 0:
-                break
-        else:
-            raise RuntimeError("sample_rows: exact search did not settle (bug)")
+        stages = 3 if hints.any_top_k_or_p else 2
+        ROUND((rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
+              ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
+              ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
+              ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
+              NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
+              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, num_warps=nw)
+        FINISH((rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
+               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
+               ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
+               NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
+               EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
+        if hints.any_top_k_or_p:
+            DRAIN((rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
+                  *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
+                  ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist,
+                  NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
+                  NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, num_warps=cfg.row_warps)
+    if isinstance(nans_out, str) and nans_out == "partials":
+        return token, valid, ws.nans.view(rows, splits)
     if nans_out is not None:
         nans_out.copy_(ws.nans.view(rows, splits).sum(dim=1))
     return token, valid

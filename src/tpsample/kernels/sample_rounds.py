@@ -117,22 +117,18 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
     return best_v, best_i
 
 
-@triton.jit(do_not_specialize=["col_offset"])
-def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
-                 st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
-                 cand_key, cand_id, cand_n,
-                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
-                 NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
-    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST); the first round
-    leaves HIST out (rows there wait a round), which keeps that variant's registers low."""
-    row = tl.program_id(0)
-    if (row == 0) & (tl.program_id(1) == 0):
-        tl.store(pending, 0)             # finish_kernel counts the rows still searching
+@triton.jit
+def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+               st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
+               cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+               NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+               P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
-        part = row * NSPLIT + tl.program_id(1)
-        start, end = chunk_bounds(ncols, CHUNK)
+        part = row * NSPLIT + split
+        start = split * CHUNK
+        end = tl.minimum(start + CHUNK, ncols)
         row_off = row.to(tl.int64) * stride
         t = tl.load(t_ptr + row)
         tkey = tl.load(st_tkey + row)
@@ -159,3 +155,21 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
             tl.store(p_cgt + part * P + tl.arange(0, P), cgt)
             tl.store(p_mgt + part * P + tl.arange(0, P), mgt)
             tl.store(p_hist + part * NB + tl.arange(0, NB), hist)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                 st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
+                 cand_key, cand_id, cand_n,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
+                 NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST); the first round
+    leaves HIST out (rows there wait a round), which keeps that variant's registers low."""
+    row = tl.program_id(0)
+    if (row == 0) & (tl.program_id(1) == 0):
+        tl.store(pending, 0)             # finish_kernel counts the rows still searching
+    round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+               st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
+               cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+               NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES)

@@ -5,7 +5,17 @@ import math
 
 import torch
 
-from .dispatch import DEFAULT, KernelConfig, _pow2, num_splits
+from .config import DEFAULT, KernelConfig, _pow2, num_splits
+from .launcher import Launcher
+
+_LAUNCHERS: dict = {}
+
+
+def _launcher(kernel) -> Launcher:
+    got = _LAUNCHERS.get(kernel)
+    if got is None:
+        got = _LAUNCHERS[kernel] = Launcher(kernel)
+    return got
 
 
 def split_shape(x, cfg: KernelConfig):
@@ -35,7 +45,7 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
     p_ti = torch.empty(parts * np_, dtype=i32, device=dev)
     p_cnt = torch.empty(parts, dtype=i64, device=dev)
     t, thr, val = _f32(temperature, rows, dev), _f32(threshold, rows, dev), _f32(values, rows, dev)
-    stats_kernel[(rows, splits)](x, x.stride(0), cols, t, thr, val, n, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt,
+    _launcher(stats_kernel)((rows, splits), x, x.stride(0), cols, t, thr, val, n, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt,
                                  NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, HAS_T=temperature is not None,
                                  HAS_THR=threshold is not None, LSE=lse, NP=np_, TOP=n > 0,
                                  CNT=values is not None, num_warps=cfg.num_warps)
@@ -44,7 +54,7 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
     out_v = torch.empty((rows, n), dtype=f32, device=dev)
     out_i = torch.empty((rows, n), dtype=i64, device=dev)
     out_cnt = torch.empty(rows, dtype=i64, device=dev)
-    combine_kernel[(rows,)](n, col_offset, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, out_max, out_arg, out_lse,
+    _launcher(combine_kernel)((rows,), n, col_offset, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, out_max, out_arg, out_lse,
                             out_v, out_i, out_cnt, NSPLIT=splits, LSE=lse, NP=np_, TOP=n > 0,
                             CNT=values is not None, num_warps=4)
     return (out_max, out_arg, out_lse if lse else None, out_v, out_i, out_cnt if values is not None else None)
@@ -79,7 +89,7 @@ def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, le
         return hm.view(rows, splits, 256).sum(dim=1), hc.view(rows, splits, 256).sum(dim=1)
     v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
     i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
-    gumbel_kernel[grid](x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),
+    _launcher(gumbel_kernel)(grid, x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),
                         key1.to(dev, torch.int64).contiguous(), col_offset,
                         v, i, **common)
     v, i = v.view(rows, splits), i.view(rows, splits).to(torch.int64)

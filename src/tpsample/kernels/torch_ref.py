@@ -11,28 +11,10 @@ import math
 
 import torch
 
-from tpsample.sampling.rng import gumbel_from_bits, uniform_bits
-
-NEG_INF = float("-inf")
-
-
-def mass_shift(vocab_size_global: int) -> int:
-    """Fixed-point bits of a mass e_i: a sum of V masses <= 1 fits in int64 (= filters.mass_shift)."""
-    return 62 - max(1, math.ceil(math.log2(max(vocab_size_global, 1))))
-
-
-def order_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving uint32 key of fp32 (as int64); -0.0 is keyed as +0.0 (they compare equal)."""
-    x = torch.where(x == 0, torch.zeros_like(x), x.float())
-    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits ^ 0x80000000)
-
-
-def key_to_float(key: torch.Tensor) -> torch.Tensor:
-    bits = torch.where(key >= 0x80000000, key ^ 0x80000000, (~key) & 0xFFFFFFFF)
-    bits = torch.where(bits >= 0x80000000, bits - (1 << 32), bits)
-    return bits.to(torch.int32).view(torch.float32)
-
+from tpsample.noise import gumbel_from_bits, uniform_bits
+from tpsample.numerics import NEG_INF, key_to_float, order_key
+from tpsample.numerics import fixed_point_masses as masses
+from tpsample.numerics import mass_shift  # noqa: F401  (part of this module's interface)
 
 def transform(x: torch.Tensor, temperature: torch.Tensor | None = None,
               threshold: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,13 +33,6 @@ def first_argmax(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(max, first index of it) along the last dim; v must hold no NaN."""
     i = torch.argmax(v, dim=-1)
     return v.gather(-1, i.unsqueeze(-1)).squeeze(-1), i
-
-
-def masses(l: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Tensor:
-    """e = trunc(exp(l - m) * 2**shift) as int64 (exp(0) taken as exactly 1), rows of l."""
-    d = l - m.unsqueeze(-1)
-    e = torch.where(l == m.unsqueeze(-1), torch.ones_like(d), torch.exp(d))
-    return (e * float(2**shift)).to(torch.int64)
 
 
 def _kth_largest(l: torch.Tensor, k: int) -> float:

@@ -1,7 +1,9 @@
 """Single-device layers of the Llama/Qwen2 family: RMSNorm, rotary embedding, SiLU-and-mul.
 
 Numerics follow transformers' eager code step for step (fp32 variance in RMSNorm, fp32 angles
-cast to the activation dtype in RoPE) so logits match the reference tightly.
+cast to the activation dtype in RoPE) so logits match the reference tightly. On CUDA tensors the
+norm and the activation run as one fused Triton kernel each (`tpsample.kernels.model_ops`); the
+torch code here is the CPU path and their reference.
 """
 from __future__ import annotations
 
@@ -14,13 +16,36 @@ from torch import nn
 from tpsample.model.config import RopeConfig
 
 
+def use_kernels(x: torch.Tensor) -> bool:
+    """The fused Triton kernels serve CUDA tensors; CPU tensors take the torch code."""
+    if not x.is_cuda:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x), or with a residual: (norm(x + residual), x + residual) (the next residual)."""
+        if use_kernels(x):
+            from tpsample.kernels.model_ops import rms_norm
+
+            out, res = rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, res)
+        if residual is not None:
+            x = x + residual
+            return self._norm(x), x
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -28,7 +53,13 @@ class RMSNorm(nn.Module):
 
 
 class SiluAndMul(nn.Module):
-    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] (gate | up) -> silu(gate) * up [T, I]."""
+        if use_kernels(gate_up):
+            from tpsample.kernels.model_ops import silu_mul
+
+            return silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
@@ -65,6 +96,23 @@ class RotaryEmbedding(nn.Module):
         elif rope.rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._table: torch.Tensor | None = None    # [positions, rotary_dim] fp32: cos | sin
+
+    @property
+    def has_table(self) -> bool:
+        """Positions alone fix the angles (every type but dynamic NTK): a table can serve them."""
+        return self.rope.rope_type != "dynamic"
+
+    def cos_sin_table(self, num_positions: int, device) -> torch.Tensor:
+        """[num_positions, rotary_dim] fp32, cos then sin of each angle (the fused kernel's input);
+        the same fp32 angles as `forward`. Built once, grown when a longer one is asked for."""
+        assert self.has_table
+        t = self._table
+        if t is None or t.shape[0] < num_positions or t.device != torch.device(device):
+            pos = torch.arange(num_positions, device=device).float().unsqueeze(-1)
+            freqs = pos * self.inv_freq.to(device)
+            self._table = t = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
+        return t
 
     def _inv_freq_per_token(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Dynamic NTK: each token uses its sequence's length, as transformers does per sequence."""

@@ -7,6 +7,8 @@ its own collective in its own `forward`:
 
 - `ColumnParallelLinear`: output features split in units (heads, or 1); no collective. Units that
   do not divide by TP but divide TP (few KV heads, many ranks) are replicated.
+- `MergedColumnParallelLinear`: several column-parallel layers as one GEMM (q|k|v, gate|up);
+  each part keeps its own shard, so no collective.
 - `RowParallelLinear`: input features split; one all-reduce, bias added once after it.
 - `VocabParallelEmbedding`: rows [start, end) of `tpsample.vocab_shard`; one all-reduce.
 - `ParallelLMHead`: the same vocab split; returns this rank's `[rows, V_r]` logits and never
@@ -84,6 +86,36 @@ class ColumnParallelLinear(nn.Module):
 
     def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
         _copy_checked(param, checkpoint_slice[self.out_start:self.out_end], "ColumnParallelLinear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(nn.Module):
+    """[x @ W_0_local.T | x @ W_1_local.T | ...] in one GEMM: several column-parallel layers (q|k|v,
+    gate|up), each part sharded on its own like a `ColumnParallelLinear` of the same unit.
+    `split_sizes` are the parts' local widths; the loader fills part i with `weight_loader(param,
+    checkpoint_slice, i)`."""
+
+    def __init__(self, in_features: int, out_features: list[int], *, bias: bool, group: TPGroup, unit: int = 1):
+        super().__init__()
+        self.ranges = []
+        for n in out_features:
+            assert n % unit == 0
+            start, end = shard_range(n // unit, group.size, group.rank)
+            self.ranges.append((start * unit, end * unit))
+        self.split_sizes = [end - start for start, end in self.ranges]
+        self.offsets = [sum(self.split_sizes[:i]) for i in range(len(self.split_sizes))]
+        self.weight = _empty(sum(self.split_sizes), in_features)
+        self.weight.weight_loader, self.weight.num_parts = self._load_part, len(out_features)
+        self.bias = _empty(sum(self.split_sizes)) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader, self.bias.num_parts = self._load_part, len(out_features)
+
+    def _load_part(self, param: nn.Parameter, checkpoint_slice, part: int) -> None:
+        (start, end), offset = self.ranges[part], self.offsets[part]
+        _copy_checked(param.data[offset:offset + end - start], checkpoint_slice[start:end],
+                      f"MergedColumnParallelLinear part {part}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

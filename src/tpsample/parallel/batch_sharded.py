@@ -6,16 +6,18 @@ Contract: in: this rank's `[rows, V_r]` shard with rows in `plan.logits_order` (
    dropped.
 2. The rank samples its own requests only (their grammar rows, drafts, penalties).
 3. One packed int64 all-gather of (tokens, num_sampled, num_rejected, NaN and guard counts),
-   padded to the largest shard, plus at most two gathers for logprobs; batch order restored.
+   padded to the largest shard, plus one more for logprobs (ids, ranks and fp32 bits packed);
+   batch order is restored by one device gather. Nothing crosses to the host.
 A rank that owns nothing still joins every collective. out: identical on every rank.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..sampling.output import LogprobsOutput, unpack
+from ..sampling.output import LogprobsOutput
 from ..sampling.reducer import LocalRows
-from .common import StepContext, pad_columns, sample_requests
+from .common import StepContext, StepResult, pad_columns, pad_rows, sample_requests
 from .plan import SamplingPlan
 from .shard import vocab_shard
 
@@ -36,51 +38,40 @@ def to_owned_rows(x: torch.Tensor, plan: SamplingPlan, ctx: StepContext) -> torc
     return full
 
 
+def _index(values: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device, non_blocking=True)
+
+
 class BatchSharded:
     name = "batch_sharded"
 
-    def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
+    def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext) -> StepResult:
         me, comm = ctx.rank, ctx.comm
         owned = plan.owned_reqs[me]
         full = to_owned_rows(x, plan, ctx)
         probs = None if ctx.draft_probs is None else to_owned_rows(ctx.draft_probs, plan, ctx)
-        rows = plan.batch_rows(owned)
         mask = None
         if plan.grammar_bitmask is not None:
-            mask = plan.grammar_bitmask[torch.tensor(rows, dtype=torch.int64)]
+            mask = plan.grammar_bitmask.index_select(0, _index(plan.batch_rows(owned), plan.grammar_bitmask.device))
         block, lp = sample_requests(full, 0, plan, ctx, owned, LocalRows(), mask, probs,
                                     inplace=ctx.inplace or comm.size > 1)
         max_own = max(len(o) for o in plan.owned_reqs)
-        gathered = comm.all_gather(_pad_rows(block, max_own).to(x.device)).cpu()
-        out = torch.empty((plan.num_reqs, block.shape[1]), dtype=torch.int64)
-        for r, reqs in enumerate(plan.owned_reqs):
-            if reqs:
-                out[list(reqs)] = gathered[r, : len(reqs)]
+        gathered = comm.all_gather(pad_rows(block, max_own))                   # [tp, max_own, w]
+        out = gathered.reshape(-1, block.shape[1]).index_select(0, plan.device_array("gather", plan.gather_index,
+                                                                                      block.device))
         logprobs = None if lp is None else self._gather_logprobs(lp, plan, ctx)
-        return unpack(out, plan.max_rows, logprobs)
+        return StepResult(out, logprobs)
 
     def _gather_logprobs(self, lp, plan: SamplingPlan, ctx: StepContext) -> LogprobsOutput:
         ids, vals, ranks = lp
-        max_rows_own = max(plan.rows_per_rank)
-        ints = _pad_rows(torch.cat([ids, ranks.unsqueeze(1)], dim=1), max_rows_own)
-        g_ints = ctx.comm.all_gather(ints).cpu()                       # [tp, max_rows_own, w + 1]
-        g_vals = ctx.comm.all_gather(_pad_rows(vals, max_rows_own)).cpu()
         w = plan.logprobs_width
-        out_ids = torch.empty((plan.num_rows, w), dtype=torch.int64)
-        out_vals = torch.empty((plan.num_rows, w), dtype=torch.float32)
-        out_ranks = torch.empty(plan.num_rows, dtype=torch.int64)
+        max_rows_own = max(plan.rows_per_rank)
+        packed = torch.cat([ids, ranks.unsqueeze(1), vals.view(torch.int32).to(torch.int64)], dim=1)
+        g = ctx.comm.all_gather(pad_rows(packed, max_rows_own))                 # [tp, max_rows_own, 2w + 1]
+        index = np.zeros(plan.num_rows, np.int64)
         for r, reqs in enumerate(plan.owned_reqs):
             rows = plan.batch_rows(reqs)
-            if rows:
-                n = len(rows)
-                out_ids[rows], out_ranks[rows] = g_ints[r, :n, :w], g_ints[r, :n, w]
-                out_vals[rows] = g_vals[r, :n]
-        return LogprobsOutput(out_ids, out_vals, out_ranks)
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    if x.shape[0] == rows:
-        return x
-    out = x.new_zeros((rows, *x.shape[1:]))
-    out[: x.shape[0]] = x
-    return out
+            index[rows] = r * max_rows_own + np.arange(len(rows))
+        g = g.reshape(-1, 2 * w + 1).index_select(0, _index(index, g.device))
+        return LogprobsOutput(g[:, :w].contiguous(), g[:, w + 1:].to(torch.int32).view(torch.float32).contiguous(),
+                              g[:, w].contiguous())

@@ -1,22 +1,22 @@
-"""What every strategy shares: turning requests into row specs and sampling a block of rows.
+"""What every strategy shares: sampling the rows of some requests and packing the results.
 
-`sample_requests` runs the pipeline for the rows of the given requests and returns the packed
-per-request block (see `sampling.output.assemble`) plus per-row logprobs padded to the plan's
-logprobs width. The strategies differ only in which rows and columns a rank holds and in the
-reducer they pass.
+`sample_requests` builds the RowBatch of the given requests' rows from the per-slot state, runs
+the sampling path (kernels or torch pipeline), and returns the packed per-request block (see
+`sampling.output.assemble`) plus per-row logprobs padded to the plan's logprobs width, all on
+the logits' device. The strategies differ only in which rows and columns a rank holds, the
+reducer they pass, and how results travel.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
-from ..sampling.batch import RowSpec, build_row_batch
-from ..sampling.output import assemble
-from ..sampling.fastpath import sample_rows_split
-from ..sampling.pipeline import sample_rows
-from ..sampling.state import RequestState
+from ..sampling.output import LogprobsOutput, RequestRows, assemble
+from ..sampling.run import sample_batch
+from ..state.store import RequestStore
 from .collectives import Collectives
 from .plan import SamplingPlan
 
@@ -38,11 +38,10 @@ class MemoryMeter:
 
 @dataclass
 class StepContext:
-    requests: list[RequestState]       # per request of the plan, batch order
+    store: RequestStore
     vocab_size: int
     col_start: int                     # this rank's vocab shard
     col_end: int
-    eos_token_id: Optional[int]
     comm: Collectives
     meter: MemoryMeter = field(default_factory=MemoryMeter)
     draft_probs: Optional[torch.Tensor] = None   # [rows, V_r], rows in logits_order
@@ -53,36 +52,38 @@ class StepContext:
         return self.comm.group.rank
 
 
-def row_specs(plan: SamplingPlan, requests: list[RequestState], req_indices) -> list[RowSpec]:
-    specs = []
-    for i in req_indices:
-        drafts = plan.draft_token_ids[i]
-        for j in range(plan.rows_per_req[i]):
-            tok = drafts[j] if j < len(drafts) else -1
-            specs.append(RowSpec(requests[i], j, tok, tuple(drafts[:j])))
-    return specs
+@dataclass
+class StepResult:
+    block: torch.Tensor                        # [num_reqs, max_rows + 4] int64, batch order
+    logprobs: Optional[LogprobsOutput] = None  # rows in batch order
 
 
 def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: StepContext,
-                    req_indices, red, bitmask: Optional[torch.Tensor],
+                    req_indices: Optional[np.ndarray], red, bitmask: Optional[torch.Tensor],
                     draft_probs: Optional[torch.Tensor], inplace: bool = False):
-    """(block [len(req_indices), max_rows + 4] int64, logprobs tuple or None) for these requests."""
-    specs = row_specs(plan, ctx.requests, req_indices)
-    res = sample_rows_split(x, col_start, specs, ctx.vocab_size, ctx.eos_token_id, red, bitmask,
-                            draft_probs, ctx.meter, inplace)
-    if res is None:
-        b = build_row_batch(specs, ctx.vocab_size, ctx.eos_token_id)
-        res = sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter,
-                          inplace=inplace)
-    rows_per_req = [plan.rows_per_req[i] for i in req_indices]
-    block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, rows_per_req, plan.max_rows)
+    """(block [len(reqs), max_rows + 4] int64, logprobs tuple or None) for these requests (all when None)."""
+    view = plan.rows_view(req_indices)
+    dev = x.device
+    b = ctx.store.row_batch(view, dev)
+    res = sample_batch(x, col_start, b, lambda rows: ctx.store.row_batch(view.subset(rows), dev), red,
+                       bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter, inplace=inplace)
+    layout = None
+    if plan.has_drafts:
+        rows_per_req = plan.rows_per_req if req_indices is None else plan.rows_per_req[req_indices]
+        layout = RequestRows.build(rows_per_req, plan.max_rows, dev)
+    if layout is None and res.block is not None:      # the kernels packed it already
+        block = res.block
+    else:
+        block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, layout, plan.max_rows)
     lp = None
     if plan.logprobs_width > 0:
-        lp = pad_logprobs(res, len(specs), plan.logprobs_width, x.device)
+        lp = pad_logprobs(res, view.num_rows, plan.logprobs_width, dev)
     return block, lp
 
 
 def pad_logprobs(res, num_rows: int, width: int, device):
+    if res.lp_ids is not None and res.lp_ids.shape[1] == width:
+        return res.lp_ids, res.lp_vals, res.lp_ranks
     ids = torch.full((num_rows, width), -1, dtype=torch.int64, device=device)
     vals = torch.full((num_rows, width), float("-inf"), device=device)
     ranks = torch.zeros(num_rows, dtype=torch.int64, device=device)
@@ -97,4 +98,12 @@ def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     out = x.new_zeros((x.shape[0], width))
     out[:, : x.shape[1]] = x
+    return out
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    out = x.new_zeros((rows, *x.shape[1:]))
+    out[: x.shape[0]] = x
     return out

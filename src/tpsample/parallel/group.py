@@ -38,3 +38,12 @@ class TPGroup:
     @property
     def backend(self) -> str:
         return "none" if self.pg is None else str(dist.get_backend(self.pg))
+
+    def cpu_twin(self) -> "TPGroup":
+        """A group over the same ranks that carries CPU tensors (itself for gloo; a gloo group
+        otherwise), for host-side agreement checks that must not synchronise the device.
+        Collective: every rank of the group calls it."""
+        if self.pg is None or self.backend == "gloo":
+            return self
+        ranks = dist.get_process_group_ranks(self.pg)
+        return TPGroup(dist.new_group(ranks=ranks, backend="gloo"), self.rank, self.size, self.timeout_s)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling.output import LogprobsOutput, unpack
+from ..sampling.output import LogprobsOutput
 from ..sampling.reducer import LocalRows
-from .common import StepContext, pad_columns, sample_requests
+from .common import StepContext, StepResult, pad_columns, sample_requests
 from .plan import SamplingPlan
 from .shard import vocab_shard
 
@@ -34,6 +34,6 @@ class Replicated:
     def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
         full = gather_vocab(x, ctx)
         probs = None if ctx.draft_probs is None else gather_vocab(ctx.draft_probs, ctx)
-        block, lp = sample_requests(full, 0, plan, ctx, range(plan.num_reqs), LocalRows(),
+        block, lp = sample_requests(full, 0, plan, ctx, None, LocalRows(),
                                     plan.grammar_bitmask, probs, inplace=ctx.inplace or ctx.comm.size > 1)
-        return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))
+        return StepResult(block, None if lp is None else LogprobsOutput(*lp))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling.output import LogprobsOutput, unpack
+from ..sampling.output import LogprobsOutput
 from ..sampling.reducer import LocalRows, best_of_parts
 from .collectives import Collectives
-from .common import StepContext, sample_requests
+from .common import StepContext, StepResult, sample_requests
 from .plan import SamplingPlan
 
 
@@ -45,6 +45,6 @@ class VocabParallel:
     def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
         # at TP=1 the shard is the full row: the full-row path (and its kernels) applies
         red = ShardReducer(ctx.comm) if ctx.comm.size > 1 else LocalRows()
-        block, lp = sample_requests(x, ctx.col_start, plan, ctx, range(plan.num_reqs), red,
+        block, lp = sample_requests(x, ctx.col_start, plan, ctx, None, red,
                                     plan.grammar_bitmask, ctx.draft_probs, inplace=ctx.inplace)
-        return unpack(block, plan.max_rows, None if lp is None else LogprobsOutput(*lp))
+        return StepResult(block, None if lp is None else LogprobsOutput(*lp))

@@ -11,8 +11,10 @@ from typing import Optional
 
 import torch
 
-from .filters import NEG_INF, kept_mask, row_chunks
-from .rng import SALT_DRAW, gumbel_noise, row_keys
+from ..noise import SALT_DRAW, gumbel_noise
+from ..numerics import NEG_INF, kept_mask
+from .filters import row_chunks
+from .keys import row_keys
 
 
 def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:

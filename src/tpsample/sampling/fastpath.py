@@ -1,11 +1,12 @@
-"""The fused Triton path for full rows on CUDA (DESIGN.md section 3, "Kernels").
+"""The fused Triton path for full rows on CUDA (the kernels in `tpsample.kernels`).
 
 `try_fast_path` returns a `RowResult` when the rows are whole on this rank (LocalRows), live on a
 CUDA device with Triton, and need neither draft verification nor logprobs; otherwise None and the
-caller runs the torch pipeline. Steps 2-5 (sparse processors) still run in torch on an fp32 copy
+caller runs the torch pipeline. Steps 2-5 (sparse processors) run in torch on an fp32 copy
 when a row uses them; steps 6-10 and the guard run in the kernels, which read the logits once
-per pass, upcast per block, and allocate only O(rows x bins) workspace. The kernels implement the
-same thresholds and noise, so tokens equal the torch pipeline's (tested on the GPU).
+per pass, upcast per block, and allocate only O(rows x bins) workspace. Which code the kernels
+compile and run is decided from the batch's host-side parameters: no device read, no sync.
+The kernels implement the same thresholds and noise, so tokens equal the torch pipeline's.
 """
 from __future__ import annotations
 
@@ -13,15 +14,13 @@ import os
 
 import torch
 
+from ..noise import SALT_DRAW
+from ..state.rowbatch import HostRows, RowBatch
 from . import processors as P
-from .batch import RowBatch
-from .filters import NEG_INF, row_chunks
+from .draw import local_argmax
+from .filters import row_chunks
 from .reducer import LocalRows
-from .rng import SALT_DRAW, row_keys
-
-
-def _uses_processors(b: RowBatch, bitmask) -> bool:
-    return bitmask is not None or any(x is not None for x in (b.allowed, b.bias, b.banned, b.seen, b.out_counts))
+from .result import RowResult
 
 
 def _wanted(x: torch.Tensor) -> bool:
@@ -30,88 +29,76 @@ def _wanted(x: torch.Tensor) -> bool:
     return x.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"
 
 
+def hints_from_host(host: HostRows, vocab_size: int):
+    """The kernels' RowHints from host-side parameters (never a device read)."""
+    from ..kernels.dispatch import RowHints
+    sampled = host.temperature != 0
+    kp = sampled & (((host.top_k > 0) & (host.top_k < vocab_size)) | (host.top_p < 1))
+    filt = kp | (sampled & (host.min_p > 0))
+    return RowHints(any_filter=bool(filt.any()), any_top_k_or_p=bool(kp.any()),
+                    any_greedy=bool((~sampled).any()), any_plain=bool((sampled & ~filt).any()))
+
+
 def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
                   inplace: bool, meter=None, force: bool = False):
-    """force: sample every row as a plain draw, even rows with drafts or logprobs (the caller
-    replaces those rows' results)."""
+    """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
+    caller replaces those rows' results). Raw logprobs come from the kernels."""
     if not _wanted(x) or not isinstance(red, LocalRows) or (draft_probs is not None and not force):
         return None
-    if not force and (b.logprobs_max >= 0 or bool((b.draft_tokens >= 0).any())):
+    if not force and (b.lp_proc_rows is not None or b.drafts_any):
         return None
     if x.stride(1) != 1:
         return None
     try:
-        from ..kernels.dispatch import hints_from_params, kernels_available, sample_rows
+        from ..kernels.dispatch import kernels_available, sample_rows
     except ImportError:
         return None
     if not kernels_available(x.device):
         return None
-    from .pipeline import RowResult
-    nans = torch.zeros(b.num_rows, dtype=torch.int64, device=x.device)   # the kernel fills it
-    l = x
-    if _uses_processors(b, bitmask):
+    l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
+    if b.uses_processors or bitmask is not None:
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
         nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], l.device))
         if bitmask is not None:
             P.apply_bitmask(l, bitmask, col_start)
+        guard = local_argmax(l, col_start)         # the best grammar-allowed token, for the guard
+        if b.lp_raw_rows is not None:
+            if b.uses_processors:                  # raw logprobs see the row before steps 3-5
+                raw = l.clone()
+            else:
+                raw = l
         P.apply_token_processors(l, b, col_start)
-    key0, key1 = row_keys(b.seeds, b.positions, SALT_DRAW)
-    log_min_p = torch.log(b.min_p)
-    # hints from the host-side params: no device sync, and only the code the batch needs
-    hints = hints_from_params(b.temperature, b.top_k, b.top_p, log_min_p, l.shape[1])
-    tokens, valid = sample_rows(l, b.temperature, b.top_k, b.top_p, log_min_p, key0, key1,
-                                col_offset=col_start, vocab_size_global=b.vocab_size, hints=hints,
-                                nans_out=None if l is not x else nans)
-    fallback = ~valid
-    # a winner at +inf is no finite kept token either: flag it (its token, the lowest +inf id, is
-    # already the raw argmax)
-    fallback |= l.gather(1, (tokens - col_start).clamp(0, l.shape[1] - 1).unsqueeze(1)).squeeze(1) == float("inf")
-    if l is not x and bool(fallback.any()):      # the guard wants the raw row's argmax
-        rows = fallback.nonzero().squeeze(1)
-        raw = x.index_select(0, rows).float()
-        raw.masked_fill_(torch.isnan(raw), NEG_INF)
-        arg = raw.argmax(dim=1)                   # first occurrence: ties -> lowest id
-        best = raw.gather(1, arg.unsqueeze(1)).squeeze(1)
-        tokens[rows] = torch.where(best > NEG_INF, arg + col_start, torch.zeros_like(arg))
+    from ..kernels.step_ops import finalize_rows, prepare_rows
+    src = b.source
+    cols = {"T": src.columns["temperature"], "TOP_P": src.columns["top_p"], "MIN_P": src.columns["min_p"],
+            "SEED": src.columns["seed"], "TOP_K": src.columns["top_k"], "PROMPT_LEN": src.columns["prompt_len"]}
+    t, k, p, log_min_p, key0, key1 = prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
+                                                  SALT_DRAW, cols)
+    tokens, valid, nan_parts = sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
+                                           vocab_size_global=b.vocab_size,
+                                           hints=hints_from_host(b.host, b.vocab_size), nans_out="partials")
+    # a winner at +inf is no finite kept token either: the block flags it (its token, the lowest
+    # +inf id, is the guard's choice already when the kernel ran on the caller's logits)
+    block = finalize_rows(tokens, valid, l, col_start, nan_parts if l is x else nans.view(-1, 1), guard)
     accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
-    return RowResult(tokens, accepted, fallback, nans)
-
-
-def sample_rows_split(x: torch.Tensor, col_start: int, specs: list, vocab_size: int, eos, red, bitmask,
-                      draft_probs, meter, inplace: bool):
-    """All rows through the kernels, then the rows that verify drafts or want logprobs through the
-    torch pipeline (on a copy of just those rows). None when the kernels do not apply."""
-    from .batch import build_row_batch
-    from .pipeline import sample_rows
-    if not _wanted(x) or not isinstance(red, LocalRows):
-        return None
-    slow = [i for i, s in enumerate(specs)
-            if s.draft_token >= 0 or s.request.params.logprobs is not None]
-    b = build_row_batch(specs, vocab_size, eos)
-    res_slow = None
-    if slow:   # before the kernels, which may reuse x in place
-        idx = torch.tensor(slow, dtype=torch.int64, device=x.device)
-        b_slow = build_row_batch([specs[i] for i in slow], vocab_size, eos)
-        res_slow = sample_rows(x.index_select(0, idx), col_start, b_slow, red,
-                               None if bitmask is None else bitmask[idx.cpu()],
-                               None if draft_probs is None else draft_probs.index_select(0, idx),
-                               meter, inplace=True)
-    res = try_fast_path(x, col_start, b, red, bitmask, draft_probs, inplace, meter, force=True)
-    if res is None:
-        return None
-    if res_slow is not None:
-        _merge(res, res_slow, idx, b.logprobs_max)
+    res = RowResult(block[:, 0], accepted, block[:, 4], block[:, 3], block=block)
+    tokens = res.emitted
+    if b.lp_raw_rows is not None:
+        res.lp_ids, res.lp_vals, res.lp_ranks = _raw_logprobs(raw if raw is not None else x, tokens, b, col_start)
     return res
 
 
-def _merge(res, part, idx, width_n: int) -> None:
-    res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted
-    res.fallback[idx], res.num_nans[idx] = part.fallback, part.num_nans
-    if part.lp_ids is not None:
-        n_rows, w = res.emitted.shape[0], 1 + width_n
-        dev = res.emitted.device
-        res.lp_ids = torch.full((n_rows, w), -1, dtype=torch.int64, device=dev)
-        res.lp_vals = torch.full((n_rows, w), NEG_INF, device=dev)
-        res.lp_ranks = torch.zeros(n_rows, dtype=torch.int64, device=dev)
-        pw = part.lp_ids.shape[1]
-        res.lp_ids[idx, :pw], res.lp_vals[idx, :pw], res.lp_ranks[idx] = part.lp_ids, part.lp_vals, part.lp_ranks
+def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):
+    """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
+    streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
+    lays the rows out: no [rows, V] buffer."""
+    from ..kernels.dispatch import token_logprob_stats
+    from ..kernels.step_ops import raw_logprobs
+    n = b.logprobs_max
+    local = (tokens - col_start).clamp_(0, l_raw.shape[1] - 1).unsqueeze_(1)
+    v = l_raw.gather(1, local).squeeze_(1).float()
+    v = torch.nan_to_num_(v, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))   # NaN counts as -inf
+    lse, top_v, top_i, above = token_logprob_stats(l_raw, v, n, col_offset=col_start)
+    src = b.source
+    cols = {"NUM_LP": src.columns["num_logprobs"], "PROCESSED": src.columns["processed"]}
+    return raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, cols, 1 + n)

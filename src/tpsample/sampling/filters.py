@@ -11,19 +11,14 @@ mathematically defined quantities, so any exact way to compute them gives the sa
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-NEG_INF = float("-inf")
+from ..numerics import NEG_INF, fixed_point_masses, kept_mask
+
 NUM_CANDIDATES = 64
 ROW_CHUNK_ELEMS = 1 << 17     # bound on [rows, cols] temporaries (~3 MiB at 22 B each)
-
-
-def mass_shift(vocab_size: int) -> int:
-    """Fixed-point bits so that a sum of vocab_size masses <= 1 fits in int64 with headroom."""
-    return 62 - max(1, math.ceil(math.log2(vocab_size)))
 
 
 ROW_CHUNK_ELEMS_CUDA = 1 << 20   # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
@@ -35,10 +30,6 @@ def row_chunks(num_rows: int, cols: int, device=None):
     step = max(1, limit // max(cols, 1))
     for s in range(0, num_rows, step):
         yield s, min(num_rows, s + step)
-
-
-def kept_mask(l: torch.Tensor, thr: torch.Tensor) -> torch.Tensor:
-    return (l >= thr.unsqueeze(1)) & (l > NEG_INF)
 
 
 @dataclass
@@ -114,25 +105,4 @@ def top_k_threshold(l: torch.Tensor, top_k: torch.Tensor, k_max: int, red) -> tu
 
 def masses(l: torch.Tensor, thr: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Tensor:
     """Fixed-point masses of kept tokens: [rows, cols] int64, 0 for dropped tokens."""
-    d = l - m.unsqueeze(1)
-    e = torch.where(l == m.unsqueeze(1), torch.ones_like(d), torch.exp(d))
-    e = (e * float(2**shift)).to(torch.int64)
-    return e.masked_fill_(~kept_mask(l, thr), 0)
-
-
-def order_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving map of fp32 to [0, 2**32) as int64 (larger float -> larger key).
-
-    -0.0 is keyed as +0.0 (x + 0.0 maps it there), so key order is exactly value order."""
-    bits = (x + 0.0).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    neg = bits >= 0x80000000
-    return torch.where(neg, (~bits) & 0xFFFFFFFF, bits ^ 0x80000000)
-
-
-def key_to_float(key: torch.Tensor) -> torch.Tensor:
-    neg = key < 0x80000000
-    bits = torch.where(neg, (~key) & 0xFFFFFFFF, key ^ 0x80000000)
-    bits = torch.where(bits >= 0x80000000, bits - (1 << 32), bits)
-    return bits.to(torch.int32).view(torch.float32)
-
-
+    return fixed_point_masses(l, m, shift).masked_fill_(~kept_mask(l, thr), 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .filters import NEG_INF
+from ..numerics import NEG_INF
 
 
 def log_sum_exp(l: torch.Tensor, red) -> torch.Tensor:
@@ -83,7 +83,16 @@ def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: i
     top_v, top_i = sort_value_desc_id_asc(top_v, top_i)
     top_v, top_i = top_v[:, :n_top], top_i[:, :n_top]
     ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
-    vals = torch.cat([vx.unsqueeze(1), top_v], dim=1).double() - lse.unsqueeze(1)
-    finite = (ids >= 0) & (lse > NEG_INF).unsqueeze(1)           # a row with nothing finite: -inf, not NaN
-    vals = torch.where(finite, vals, torch.full_like(vals, NEG_INF))
-    return ids, vals.float(), rank
+    return ids, finite_logprobs(ids, torch.cat([vx.unsqueeze(1), top_v], dim=1), lse), rank
+
+
+def finite_logprobs(ids: torch.Tensor, values: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """values - lse as fp32 logprobs, never NaN: padding (id -1) and rows with nothing finite give
+    -inf; in a row with +inf logits, +inf tokens get 0 (the whole mass) and the others -inf."""
+    lse = lse.to(torch.float64).unsqueeze(1)
+    values = values.to(torch.float64)
+    vals = values - lse
+    inf_row = lse == float("inf")
+    vals = torch.where(inf_row, torch.where(values == float("inf"), 0.0, NEG_INF), vals)
+    ok = (ids >= 0) & (lse > NEG_INF)
+    return torch.where(ok, vals, torch.full_like(vals, NEG_INF)).float()

@@ -13,51 +13,36 @@ working buffer and ends up holding the processed rows).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from ..numerics import NEG_INF
+from ..state.rowbatch import RowBatch
 from . import processors as P
-from .batch import RowBatch
 from .draw import guard_tokens, local_argmax, local_gumbel_draw
-from .fastpath import try_fast_path
-from .filters import NEG_INF, ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
-from .topp import top_p_threshold
+from .filters import ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
-
+from .result import RowResult
+from .topp import top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
-
-
-@dataclass
-class RowResult:
-    emitted: torch.Tensor              # [rows] int64
-    accepted: torch.Tensor             # [rows] bool (False for rows without a draft)
-    fallback: torch.Tensor             # [rows] bool: no finite kept token, guard used
-    num_nans: torch.Tensor             # [rows] int64
-    lp_ids: Optional[torch.Tensor] = None    # [rows, 1 + n] int64
-    lp_vals: Optional[torch.Tensor] = None   # [rows, 1 + n] fp32
-    lp_ranks: Optional[torch.Tensor] = None  # [rows] int64
 
 
 def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
                 bitmask: Optional[torch.Tensor] = None,
                 draft_probs: Optional[torch.Tensor] = None, meter=None,
                 inplace: bool = False) -> RowResult:
-    fast = try_fast_path(x, col_start, b, red, bitmask, draft_probs, inplace, meter)
-    if fast is not None:
-        return fast
     dev = x.device
     copy = not (inplace and x.dtype == torch.float32)
     l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
     local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], dev))  # 1
-    raw_local = local_argmax(l, col_start)
     if bitmask is not None:                                               # 2
         P.apply_bitmask(l, bitmask, col_start)
+    guard_local = local_argmax(l, col_start)      # 12 falls back to the best grammar-allowed token
     raw = _raw_logprob_rows(l, b)
     P.apply_token_processors(l, b, col_start)                             # 3-5
     greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
@@ -71,15 +56,15 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     else:
         drawn_local = greedy_local
     # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
-    winners, num_nans = combine_pairs(red, [raw_local, greedy_local, drawn_local], local_nans)
-    (raw_max, raw_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
+    winners, num_nans = combine_pairs(red, [guard_local, greedy_local, drawn_local], local_nans)
+    (guard_max, guard_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
     num_nans = num_nans.to(torch.int64)
     is_greedy = b.greedy.to(dev)
     main_v = torch.where(is_greedy, greedy_v, drawn_v)
     fallback = ~torch.isfinite(main_v)                                    # 12: nothing finite kept
-    main = torch.where(fallback, guard_tokens(raw_max, raw_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
+    main = torch.where(fallback, guard_tokens(guard_max, guard_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
     emitted, accepted = main, torch.zeros_like(fallback)
-    if bool((b.draft_tokens >= 0).any()):
+    if b.drafts_any:
         accepted, residual = verify_drafts(l, b, greedy_tok, main, col_start, red, draft_probs)
         accepted &= ~fallback
         has_draft = b.draft_tokens.to(dev) >= 0
@@ -111,11 +96,9 @@ def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:
 
 def _raw_logprob_rows(l: torch.Tensor, b: RowBatch):
     """(row indices, copy of those rows) for rows that want raw logprobs, else None."""
-    want = (b.num_logprobs >= 0) & ~b.processed_logprobs
-    if not bool(want.any()):
+    if b.lp_raw_rows is None:
         return None
-    rows = want.nonzero().squeeze(1).to(l.device)
-    return rows, l.index_select(0, rows)
+    return b.lp_raw_rows, l.index_select(0, b.lp_raw_rows)
 
 
 def _logprobs(out: RowResult, l: torch.Tensor, raw, b: RowBatch, col_start: int, red) -> None:
@@ -127,9 +110,8 @@ def _logprobs(out: RowResult, l: torch.Tensor, raw, b: RowBatch, col_start: int,
     parts = []
     if raw is not None:
         parts.append((raw[0], raw[1]))
-    want_proc = ((b.num_logprobs >= 0) & b.processed_logprobs).nonzero().squeeze(1).to(l.device)
-    if want_proc.numel():
-        parts.append((want_proc, l.index_select(0, want_proc)))
+    if b.lp_proc_rows is not None:
+        parts.append((b.lp_proc_rows, l.index_select(0, b.lp_proc_rows)))
     for rows, block in parts:
         i, v, r = row_logprobs(block, out.emitted[rows], n, col_start, red)
         ids[rows], vals[rows], ranks[rows] = i, v, r

@@ -1,83 +1,108 @@
-"""Column-local logits processors: DESIGN.md section 2, steps 2-6.
+"""Column-local logits processors: steps 2-6 of the semantics (docs/semantics.md).
 
 Each works in place on `l` ([rows, cols] fp32), which holds global columns
-`[col_start, col_start + cols)` of the rows: a full row (col_start = 0) or a vocab shard. Sparse
-per-row token lists are filtered to the column range, so the same code serves every strategy.
-None of them communicates.
+`[col_start, col_start + cols)` of the rows: a full row (col_start = 0) or a vocab shard.
+Per-row token lists arrive as `PaddedRows` (global ids, -1 padded, only the rows that use
+them); entries outside the column range are ignored, so the same code serves every strategy.
+Sparse updates are gather -> compute -> scatter: every write to a position carries the value
+computed from that position's original entry, so duplicates (a token seen twice, padding
+redirected to a real entry) write identical values and the result is deterministic.
+None of them communicates, and none reads the device to decide anything.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from .batch import SparseRows
+from ..numerics import NEG_INF
+from ..state.rowbatch import AllowedRows, PaddedRows
+from .filters import row_chunks
 
-NEG_INF = float("-inf")
+
+def _targets(pairs: PaddedRows, col_start: int, cols: int):
+    """(row index [m, K], local column [m, K], source entry [m, K], live [m, 1]) of a scatter.
+
+    Entries outside the columns (or padding) take the column and the source entry of their row's
+    first valid entry, so every write to a column computes the same value; rows with no valid
+    entry write column 0 back unchanged (live False)."""
+    tok = pairs.tokens
+    local = tok - col_start
+    valid = (tok >= 0) & (local >= 0) & (local < cols)
+    k = torch.arange(tok.shape[1], device=tok.device).expand_as(tok)
+    first = valid.to(torch.int32).argmax(dim=1, keepdim=True)
+    src = torch.where(valid, k, first)
+    live = valid.any(dim=1, keepdim=True)
+    col = torch.where(live, local.gather(1, src), torch.zeros_like(local))
+    rows = pairs.rows.unsqueeze(1).expand_as(col)
+    return rows, col, src, live
 
 
-def _local(pairs: Optional[SparseRows], col_start: int, cols: int, device):
-    """The pairs whose token falls in [col_start, col_start + cols), as local column indices."""
-    if pairs is None:
-        return None
-    keep = (pairs.tokens >= col_start) & (pairs.tokens < col_start + cols)
-    rows = pairs.rows[keep].to(device)
-    local = (pairs.tokens[keep] - col_start).to(device)
-    values = None if pairs.values is None else pairs.values[keep].to(device)
-    return rows, local, values
+def _unpack_bits(words: torch.Tensor, col_start: int, cols: int) -> torch.Tensor:
+    """[m, ceil(V/32)] int32 bitmask words -> [m, cols] bool for global columns [col_start, +cols)."""
+    ids = torch.arange(col_start, col_start + cols, device=words.device)
+    w = words.index_select(1, ids // 32)
+    return ((w >> (ids % 32).to(torch.int32)) & 1).bool()
 
 
 def apply_bitmask(l: torch.Tensor, bitmask: torch.Tensor, col_start: int) -> None:
     """Packed int32 grammar bitmask [rows, ceil(V/32)], bit = 1 allowed: other tokens -> -inf."""
-    cols = l.shape[1]
-    ids = torch.arange(col_start, col_start + cols, device=l.device)
-    words = bitmask.to(l.device).index_select(1, ids // 32)           # [rows, cols] int32
-    allowed = ((words >> (ids % 32).to(torch.int32)) & 1).bool()
-    l.masked_fill_(~allowed, NEG_INF)
+    bitmask = bitmask.to(l.device, non_blocking=True)
+    for s, t in row_chunks(l.shape[0], l.shape[1], l.device):
+        l[s:t].masked_fill_(~_unpack_bits(bitmask[s:t], col_start, l.shape[1]), NEG_INF)
 
 
-def apply_allowed(l: torch.Tensor, allowed: Optional[SparseRows], col_start: int) -> None:
-    """Rows with an allowed list: every other token -> -inf."""
-    loc = _local(allowed, col_start, l.shape[1], l.device)
-    if loc is None:
+def apply_allowed(l: torch.Tensor, allowed: AllowedRows | None, col_start: int) -> None:
+    """Rows with an allowed set: every other token -> -inf."""
+    if allowed is None:
         return
-    restricted = torch.unique(allowed.rows).to(l.device)
-    keep = torch.zeros((restricted.numel(), l.shape[1]), dtype=torch.bool, device=l.device)
-    pos = torch.searchsorted(restricted, loc[0])
-    keep[pos, loc[1]] = True
-    sub = l.index_select(0, restricted).masked_fill_(~keep, NEG_INF)
-    l.index_copy_(0, restricted, sub)
+    m = allowed.rows.shape[0]
+    for s, t in row_chunks(m, l.shape[1], l.device):
+        rows = allowed.rows[s:t]
+        keep = _unpack_bits(allowed.bitmask[s:t], col_start, l.shape[1])
+        l.index_copy_(0, rows, l.index_select(0, rows).masked_fill_(~keep, NEG_INF))
 
 
-def apply_bias(l: torch.Tensor, bias: Optional[SparseRows], col_start: int) -> None:
-    loc = _local(bias, col_start, l.shape[1], l.device)
-    if loc is not None:
-        l.index_put_((loc[0], loc[1]), loc[2], accumulate=True)
+def _skip(pairs: PaddedRows | None, l: torch.Tensor) -> bool:
+    return pairs is None or l.shape[1] == 0 or pairs.tokens.shape[1] == 0
 
 
-def apply_banned(l: torch.Tensor, banned: Optional[SparseRows], col_start: int) -> None:
+def apply_bias(l: torch.Tensor, bias: PaddedRows | None, col_start: int) -> None:
+    if _skip(bias, l):
+        return
+    rows, col, src, live = _targets(bias, col_start, l.shape[1])
+    old = l[rows, col]
+    l[rows, col] = torch.where(live, old + bias.values.gather(1, src), old)
+
+
+def apply_banned(l: torch.Tensor, banned: tuple[PaddedRows, ...] | None, col_start: int) -> None:
     """min_tokens stop ids / EOS and bad-word final tokens -> -inf."""
-    loc = _local(banned, col_start, l.shape[1], l.device)
-    if loc is not None:
-        l[loc[0], loc[1]] = NEG_INF
+    if banned is None or l.shape[1] == 0:
+        return
+    for part in banned:
+        if _skip(part, l):
+            continue
+        rows, col, _, live = _targets(part, col_start, l.shape[1])
+        old = l[rows, col]
+        l[rows, col] = torch.where(live, torch.full_like(old, NEG_INF), old)
 
 
-def apply_penalties(l: torch.Tensor, seen: Optional[SparseRows], out_counts: Optional[SparseRows],
+def apply_penalties(l: torch.Tensor, seen: PaddedRows | None, out_tokens: PaddedRows | None,
                     rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, col_start: int) -> None:
     """Repetition on seen tokens (l > 0: l / r, else l * r), then frequency and presence on outputs."""
-    loc = _local(seen, col_start, l.shape[1], l.device)
-    if loc is not None:
-        rows, cols, _ = loc
-        v = l[rows, cols]
-        r = rep.to(l.device)[rows]
-        l[rows, cols] = torch.where(v > 0, v / r, v * r)
-    loc = _local(out_counts, col_start, l.shape[1], l.device)
-    if loc is not None:
-        rows, cols, counts = loc
-        v = l[rows, cols]
-        v = v - freq.to(l.device)[rows] * counts
-        v = v - pres.to(l.device)[rows] * (counts > 0).float()
-        l[rows, cols] = v
+    if not _skip(seen, l):
+        rows, col, _, live = _targets(seen, col_start, l.shape[1])
+        v = l[rows, col]
+        r = rep.index_select(0, seen.rows).unsqueeze(1)
+        l[rows, col] = torch.where(live, torch.where(v > 0, v / r, v * r), v)
+    if not _skip(out_tokens, l):
+        tok = out_tokens.tokens
+        ordered = torch.sort(tok, dim=1).values
+        counts = (torch.searchsorted(ordered, tok, right=True) - torch.searchsorted(ordered, tok)).float()
+        rows, col, src, live = _targets(out_tokens, col_start, l.shape[1])
+        v = l[rows, col]
+        c = counts.gather(1, src)
+        new = v - freq.index_select(0, out_tokens.rows).unsqueeze(1) * c
+        new = new - pres.index_select(0, out_tokens.rows).unsqueeze(1) * (c > 0).float()
+        l[rows, col] = torch.where(live, new, v)
 
 
 def apply_temperature(l: torch.Tensor, temperature: torch.Tensor) -> None:
@@ -88,7 +113,13 @@ def apply_temperature(l: torch.Tensor, temperature: torch.Tensor) -> None:
 
 
 def mask_nans(l: torch.Tensor, chunks) -> torch.Tensor:
-    """NaN -> -inf in place, chunk by chunk; returns the per-row NaN counts [rows] int64."""
+    """NaN -> -inf in place, chunk by chunk; returns the per-row NaN counts [rows] int64.
+    On a kernel device one streaming kernel does it (no temporaries, one launch)."""
+    if l.stride(1) == 1 and l.dtype == torch.float32:
+        from .keys import mask_nans_kernel
+        kernel = mask_nans_kernel(l.device)
+        if kernel is not None:
+            return kernel(l)
     counts = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
     for s, t in chunks:
         nan_mask = torch.isnan(l[s:t])
@@ -102,4 +133,4 @@ def apply_token_processors(l: torch.Tensor, b, col_start: int) -> None:
     apply_allowed(l, b.allowed, col_start)
     apply_bias(l, b.bias, col_start)
     apply_banned(l, b.banned, col_start)
-    apply_penalties(l, b.seen, b.out_counts, b.rep, b.freq, b.pres, col_start)
+    apply_penalties(l, b.seen, b.out_tokens, b.rep, b.freq, b.pres, col_start)

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
+from ..noise import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
 from .params import SamplingParams
-from .rng import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
 
 NEG = float("-inf")
 
@@ -108,6 +108,8 @@ def log_softmax(l: list[float]) -> list[float]:
     m = max(l)
     if m == NEG:
         return [NEG] * len(l)
+    if m == math.inf:                  # +inf logits hold the whole mass: 0 for them, -inf elsewhere
+        return [0.0 if v == math.inf else NEG for v in l]
     z = math.log(sum(math.exp(v - m) for v in l if v > NEG)) + m
     return [v - z if v > NEG else NEG for v in l]
 
@@ -138,8 +140,8 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         tok = argmax_first(z)
         best = z[tok] if tok >= 0 else NEG
     fallback = not math.isfinite(best)
-    if fallback:
-        tok = argmax_first(raw)
+    if fallback:       # the best grammar-allowed token (the raw row when there is no grammar)
+        tok = argmax_first(masked)
         tok = 0 if tok < 0 else tok
     emitted, accepted = tok, False
     if draft >= 0 and not fallback:

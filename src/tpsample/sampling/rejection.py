@@ -14,10 +14,10 @@ from typing import Optional
 
 import torch
 
+from ..noise import SALT_ACCEPT, SALT_RESIDUAL, uniform01
+from ..numerics import NEG_INF
 from .draw import gumbel_draw
-from .filters import NEG_INF
 from .logprobs import log_sum_exp, value_at
-from .rng import SALT_ACCEPT, SALT_RESIDUAL, uniform01
 
 
 def verify_drafts(l: torch.Tensor, b, greedy_tok: torch.Tensor, main: torch.Tensor, col_start: int,

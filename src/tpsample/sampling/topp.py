@@ -18,8 +18,8 @@ from typing import Optional
 
 import torch
 
-from .filters import (NEG_INF, NUM_CANDIDATES, Candidates, key_to_float, kept_mask, mass_shift, masses,
-                      order_key, row_chunks)
+from ..numerics import NEG_INF, kept_mask, key_to_float, mass_shift, order_key
+from .filters import NUM_CANDIDATES, Candidates, masses, row_chunks
 
 
 def top_p_threshold(l: torch.Tensor, thr: torch.Tensor, top_p: torch.Tensor, red, vocab_size: int,

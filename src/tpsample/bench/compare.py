@@ -1,0 +1,215 @@
+"""`tpsample bench sampler --compare`: one sampling call as an engine sees it, side by side.
+
+On the same logits in one process: tpsample's `plan` + `sample` + reading the tokens on the host
+(the wall time an engine pays per step, host and device), its device time (sum of kernel
+times), the host share (time until `sample` returns, which launches work without waiting), and
+the extra memory above the inputs; next to FlashInfer's `top_k_top_p_sampling_from_logits`
+(when it imports), a torch sort-based top-k/top-p sampler, and `argmax().tolist()`.
+Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), the same with logprobs=5, and
+the same with repetition 1.1 / frequency 0.2 penalties over 2,000-token prompts and growing
+outputs. For plain decode steps it also times the step captured in a CUDA graph
+(`Sampler.capture`), what an engine that graphs its decode step pays. Prints a table and ends
+with one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+PROMPT_LEN = 2000
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    params: dict = field(default_factory=dict)
+    prompt_len: int = 1
+    anchors: tuple[str, ...] = ()
+
+
+CASES = (
+    Case("greedy", {"temperature": 0.0}, anchors=("argmax",)),
+    Case("temperature", {"temperature": 0.8}, anchors=("torch_multinomial",)),
+    Case("topk_topp", {"temperature": 0.8, "top_k": 50, "top_p": 0.9}, anchors=("flashinfer", "torch_sort")),
+    Case("topk_topp_logprobs5", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5}),
+    Case("topk_topp_penalties", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1,
+                                 "frequency_penalty": 0.2}, prompt_len=PROMPT_LEN),
+)
+
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def _peak_extra(fn, device) -> float:
+    """MiB allocated above the inputs during one call."""
+    _sync()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    _sync()
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def _device_us(fn, iters: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        _sync()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / iters
+
+
+def _wall_us(fn, iters: int, before=None) -> tuple[float, float]:
+    """(median wall us of fn(), median us until fn's launch part returned) -- fn returns a
+    callable that finishes the call (reads results), so host time is measured separately."""
+    walls, hosts = [], []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        _sync()
+        t0 = time.perf_counter()
+        finish = fn()
+        t1 = time.perf_counter()
+        finish()
+        t2 = time.perf_counter()
+        walls.append((t2 - t0) * 1e6)
+        hosts.append((t1 - t0) * 1e6)
+    return statistics.median(walls), statistics.median(hosts)
+
+
+def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
+    import tpsample
+    rows, vocab = x.shape
+    inplace = case.prompt_len > 1
+    s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="replicated", seed=1, device=x.device,
+                         inplace_logits=inplace, max_logprobs=20)
+    g = torch.Generator().manual_seed(0)
+    for i in range(rows):
+        prompt = torch.randint(0, vocab, (case.prompt_len,), generator=g).tolist()
+        s.add_request(f"r{i}", tpsample.SamplingParams(seed=i, max_tokens=10**6, **case.params), prompt)
+    ids = [f"r{i}" for i in range(rows)]
+    work = x.clone() if inplace else x
+    refill = (lambda: work.copy_(x)) if inplace else None
+
+    def call():
+        out = s.sample(work, s.plan(ids))
+        return lambda: (out.token_lists(), out.logprobs)
+
+    for _ in range(3):
+        if refill:
+            refill()
+        call()()
+    wall, host = _wall_us(call, iters, refill)
+    if refill:
+        refill()
+    device = _device_us(lambda: call()(), 3)
+    if refill:
+        refill()
+    mem = _peak_extra(lambda: call()(), x.device)
+    out = [{"impl": "tpsample", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}]
+    if "logprobs" not in case.params and not inplace:       # what an engine with CUDA graphs pays
+        step = s.capture(s.plan(ids), work, reserve_tokens=4 * iters + 64)
+
+        def replay():
+            out = step.replay()
+            return lambda: out.token_lists()
+
+        for _ in range(3):
+            replay()()
+        wall, host = _wall_us(replay, iters)
+        out.append({"impl": "tpsample (CUDA graph)", "wall_us": wall, "host_us": host,
+                    "device_us": _device_us(lambda: replay()(), 3), "extra_mib": _peak_extra(lambda: replay()(), x.device)})
+    return out
+
+
+def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
+    p = case.params
+    rows = x.shape[0]
+    if name == "argmax":
+        def call():
+            t = x.argmax(dim=1)
+            return lambda: t.tolist()
+    elif name == "torch_multinomial":
+        def call():
+            t = torch.multinomial(torch.softmax(x / p["temperature"], dim=1), 1)
+            return lambda: t.tolist()
+    elif name == "torch_sort":
+        def call():
+            t = _torch_sort_sample(x, p["temperature"], p["top_k"], p["top_p"])
+            return lambda: t.tolist()
+    elif name == "flashinfer":
+        try:
+            import flashinfer.sampling as fs
+        except Exception as e:  # noqa: BLE001 - absent or incompatible: say so and skip it
+            print(f"flashinfer anchor skipped: {e!r}"[:160])
+            return None
+        k = torch.full((rows,), p["top_k"], dtype=torch.int32, device=x.device)
+        tp = torch.full((rows,), p["top_p"], dtype=torch.float32, device=x.device)
+
+        def call():
+            t = fs.top_k_top_p_sampling_from_logits(x / p["temperature"], k, tp)
+            return lambda: t.tolist()
+    else:
+        raise ValueError(name)
+    for _ in range(3):
+        call()()
+    wall, host = _wall_us(call, iters)
+    return {"impl": name, "wall_us": wall, "host_us": host, "device_us": _device_us(lambda: call()(), 3),
+            "extra_mib": _peak_extra(lambda: call()(), x.device)}
+
+
+def _torch_sort_sample(x, temperature, top_k, top_p):
+    """The usual sort-based top-k / top-p sampler (what engines fall back to)."""
+    logits = x / temperature
+    vals, idx = logits.sort(dim=1, descending=True)
+    vals[:, top_k:] = float("-inf")
+    probs = vals.softmax(dim=1)
+    drop = probs.cumsum(dim=1) - probs > top_p
+    vals = vals.masked_fill(drop, float("-inf"))
+    choice = torch.multinomial(vals.softmax(dim=1), 1)
+    return idx.gather(1, choice)
+
+
+def run(rows_list=(256, 1024), vocab: int = 151936, iters: int = 20, progress=None) -> list[dict]:
+    results = []
+    plan = [(case, rows) for rows in rows_list for case in CASES if rows == rows_list[0] or case.name == "topk_topp"]
+    for i, (case, rows) in enumerate(plan):
+        if progress is not None:
+            progress(i, len(plan), f"{case.name} x {rows}")
+        x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
+        base = {"case": case.name, "rows": rows, "vocab": vocab}
+        results += [{**base, **r} for r in _tpsample(case, x, iters)]
+        for name in case.anchors:
+            r = _anchor(name, case, x, iters)
+            if r is not None:
+                results.append({**base, **r})
+        del x
+        torch.cuda.empty_cache()
+    return results
+
+
+def main(args) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+    if not torch.cuda.is_available():
+        raise ValueError("bench sampler --compare needs a CUDA device")
+    with Progress(transient=True) as bar:
+        task = bar.add_task("compare", total=None)
+        results = run(tuple(args.rows) if args.rows else (256, 1024), args.vocab[0] if args.vocab else 151936,
+                      iters=max(5, args.steps),
+                      progress=lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
+    table = Table(title="one sampling call as an engine sees it (H2D + kernels + tokens on host)")
+    for col in ("case", "rows", "impl", "wall us", "device us", "host us", "extra MiB"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r["case"], str(r["rows"]), r["impl"], f"{r['wall_us']:.0f}", f"{r['device_us']:.0f}",
+                      f"{r['host_us']:.0f}", f"{r['extra_mib']:.2f}")
+    Console().print(table)
+    print(json.dumps({"bench": "sampler_compare", "device": torch.cuda.get_device_name(), "results": results}))

@@ -1,0 +1,165 @@
+"""Paged attention in Triton, reading the KV cache in place through block tables.
+
+The cache of one layer is two tensors `[num_slots, Hkv, D]` (K and V); token `p` of a sequence
+lives in slot `table[p // page] * page + p % page`. Three kernels:
+
+- `decode_split`: one query per sequence (decode). Programs `(seq, kv_head, split)`: each takes
+  all `G = Hq / Hkv` query heads of its KV head (GQA without repeating K/V: one read of a K/V
+  tile serves the whole group) over one contiguous share of the context, and writes a partial
+  (running max, sum of exponentials, unnormalised output). With one split it normalises and
+  writes the output itself.
+- `decode_reduce`: combines the splits of each (seq, head) (flash-decoding's second pass).
+- `prefill`: any query lengths (prefill, chunked prefill, spec-decode rows). Programs
+  `(query tile, q_head)`; query `i` of a sequence sits at position `seq_len - q_len + i` and
+  attends to positions `<= ` its own; K/V rows are indexed by `q_head // G`.
+
+Softmax runs in fp32 with exp2; fp32 inputs use IEEE dot products (no TF32), half inputs
+accumulate in fp32. The kernels are plain functions compiled on first use by `compiled()`,
+keyed by the `TRITON_INTERPRET` setting at call time, so a test can switch the interpreter on
+with monkeypatch without leaking a compiled-or-interpreted choice into other tests.
+Launchers live in `attention_launch.py`; the torch reference is `tpsample.model.attention`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from types import SimpleNamespace
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def _decode_split(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_m_ptr, part_l_ptr,
+                  part_acc_ptr, scale_log2, stride_qs, stride_qh, stride_ks, stride_kh, stride_ts,
+                  stride_os, stride_oh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                  D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+    s = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + s)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    heads = kvh * G + offs_g
+    g_mask = offs_g < G
+    d_mask = offs_d < D
+    q = tl.load(q_ptr + s.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)                # [G_PAD, D_PAD]
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_sum = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        p_mask = pos < end
+        page = tl.load(table_ptr + s.to(tl.int64) * stride_ts + pos // PAGE, mask=p_mask, other=0)
+        slot = page.to(tl.int64) * PAGE + pos % PAGE
+        kv_off = slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)                     # [BLOCK_N, D_PAD]
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [G_PAD, BLOCK_N]
+        scores = tl.where(p_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        o_off = s.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    else:
+        row = (s.to(tl.int64) * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split   # [G_PAD]
+        tl.store(part_m_ptr + row, m, mask=g_mask)
+        tl.store(part_l_ptr + row, l_sum, mask=g_mask)
+        tl.store(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+
+
+def _decode_reduce(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, stride_os, stride_oh,
+                   D: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
+    row = (s.to(tl.int64) * tl.num_programs(1) + h) * NUM_SPLITS + offs_s      # [NUM_SPLITS]
+    m = tl.load(part_m_ptr + row)
+    l_sum = tl.load(part_l_ptr + row)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)     # an empty sequence (padding row)
+    w = tl.exp2(m - m_max)                                     # empty splits: exp2(-inf) = 0
+    total = tl.sum(w * l_sum, 0)
+    acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :])      # [NUM_SPLITS, D_PAD]
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + s.to(tl.int64) * stride_os + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < D)
+
+
+def _prefill(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, cu_q_ptr, tile_seq_ptr, tile_start_ptr,
+             out_ptr, scale_log2, stride_qt, stride_qh, stride_ks, stride_kh, stride_ts, stride_ot,
+             stride_oh, G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // G
+    s = tl.load(tile_seq_ptr + tile)
+    t0 = tl.load(tile_start_ptr + tile)
+    q_start = tl.load(cu_q_ptr + s)
+    q_len = tl.load(cu_q_ptr + s + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + s)
+    ctx0 = seq_len - q_len                                      # position of the first query
+    offs_m = t0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < D
+    tok = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)                # [BLOCK_M, D_PAD]
+    q_pos = ctx0 + offs_m
+    kv_end = tl.minimum(seq_len, ctx0 + t0 + BLOCK_M)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        p_mask = pos < kv_end
+        page = tl.load(table_ptr + s.to(tl.int64) * stride_ts + pos // PAGE, mask=p_mask, other=0)
+        slot = page.to(tl.int64) * PAGE + pos % PAGE
+        kv_off = slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        keep = p_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        scores = tl.where(keep, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with nothing visible yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    tl.store(out_ptr + tok[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _compile(interpret: bool) -> SimpleNamespace:
+    del interpret   # the cache key: triton.jit reads the setting when it wraps the functions
+    return SimpleNamespace(decode_split=triton.jit(_decode_split), decode_reduce=triton.jit(_decode_reduce),
+                           prefill=triton.jit(_prefill))
+
+
+def compiled() -> SimpleNamespace:
+    """The kernels, compiled (GPU) or interpreted (TRITON_INTERPRET=1), as set right now."""
+    return _compile(interpreting())

@@ -1,0 +1,89 @@
+"""Kernel launch configuration, availability and batch hints (no kernels here).
+
+Shared by the dispatch entry points and the launch modules, which import nothing above this.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
+    small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
+    inside a warp or two; ~16 programs per SM in all. CAP candidates per row, P pivots and NB
+    histogram bins per search pass."""
+    block: int = 256           # columns per step in the round passes
+    scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
+    cap: int = 2048
+    small: int = 256
+    pivots: int = 8
+    bins: int = 256
+    num_warps: int = 1         # round passes and stats / shard kernels
+    scan_warps: int = 4        # the scan
+    row_warps: int = 4         # per-row kernels (select, finish)
+    splits: int | None = None       # programs per row; None: ~16 per SM in all
+    block_max_cols: int | None = None   # BB; None: 16..128 from V
+
+
+DEFAULT = KernelConfig()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def kernels_available(device) -> bool:
+    """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
+    dev = torch.device(device)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    if dev.type == "cuda":
+        return torch.cuda.is_available()
+    return dev.type == "cpu" and interpreting()
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
+    """Programs per row: about 16 per SM in all (so R = 1 still fills the GPU), a power of two."""
+    if cfg.splits is not None:
+        return cfg.splits
+    if torch.device(device).type != "cuda":
+        return 1
+    sms = _sm_count(torch.device(device).index or 0)
+    want = _pow2(max(1, (16 * sms) // max(rows, 1)))
+    most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
+    return max(1, min(want, most))
+
+
+@dataclass(frozen=True)
+class RowHints:
+    """What the batch holds, known on the host (so the call needs no device sync and compiles
+    only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
+    top-p (which may need several rounds), greedy rows, plain rows (temperature only).
+    A hint may be True when no such row exists (slower), never False when one does."""
+    any_filter: bool = True
+    any_top_k_or_p: bool = True
+    any_greedy: bool = True
+    any_plain: bool = True
+
+    @property
+    def modes(self) -> int:
+        return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)

@@ -1,0 +1,50 @@
+"""Shared numerics: the -inf sentinel, fixed-point masses and order keys of fp32.
+
+A leaf module: the sampling pipeline, the vocab-parallel reductions and the kernels' torch twin
+all use these definitions, so a threshold computed by any of them is the same number.
+
+- Masses (top-p): e_i = trunc(exp(l_i - m) * 2**shift) as int64, with exp(0) taken as exactly 1
+  and shift = 62 - max(1, ceil(log2 V)), so a sum of V masses <= 1 fits in int64 with headroom.
+  Integer sums are order-independent: any split of a row gives the same totals.
+- Order keys: an order-preserving map of fp32 to [0, 2**32) as int64 (larger float, larger key),
+  -0.0 keyed as +0.0 so key order is exactly value order.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def mass_shift(vocab_size: int) -> int:
+    """Fixed-point bits so that a sum of vocab_size masses <= 1 fits in int64 with headroom."""
+    return 62 - max(1, math.ceil(math.log2(max(vocab_size, 1))))
+
+
+def fixed_point_masses(l: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Tensor:
+    """e = trunc(exp(l - m) * 2**shift) as int64 per entry of rows l, m the row max [rows]."""
+    d = l - m.unsqueeze(-1)
+    e = torch.where(l == m.unsqueeze(-1), torch.ones_like(d), torch.exp(d))
+    return (e * float(2**shift)).to(torch.int64)
+
+
+def kept_mask(l: torch.Tensor, thr: torch.Tensor) -> torch.Tensor:
+    """Entries a filter keeps: l >= thr (per row) and l > -inf."""
+    return (l >= thr.unsqueeze(1)) & (l > NEG_INF)
+
+
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving map of fp32 to [0, 2**32) as int64; -0.0 keyed as +0.0."""
+    bits = (x.float() + 0.0).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = bits >= 0x80000000
+    return torch.where(neg, (~bits) & 0xFFFFFFFF, bits ^ 0x80000000)
+
+
+def key_to_float(key: torch.Tensor) -> torch.Tensor:
+    """The fp32 value of an order key (inverse of `order_key`, +0.0 for the zero key)."""
+    neg = key < 0x80000000
+    bits = torch.where(neg, (~key) & 0xFFFFFFFF, key ^ 0x80000000)
+    bits = torch.where(bits >= 0x80000000, bits - (1 << 32), bits)
+    return bits.to(torch.int32).view(torch.float32)

@@ -1,0 +1,46 @@
+"""Row keys of the noise, on whatever device the rows live: one kernel launch on a GPU (the
+torch version is a chain of ~90 tiny integer ops), `tpsample.noise.row_keys` elsewhere."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import noise
+
+
+def _kernel_ok(t: torch.Tensor) -> bool:
+    if not (t.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"):
+        return False
+    try:
+        from ..kernels.dispatch import kernels_available
+    except ImportError:
+        return False
+    return kernels_available(t.device)
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(key0, key1) [rows] int64 in [0, 2**32): the same bits as `noise.row_keys`."""
+    seeds, positions = seeds.to(torch.int64), positions.to(seeds.device, torch.int64)
+    if _kernel_ok(seeds):
+        from ..kernels.step_ops import row_keys as kernel
+        return kernel(seeds, positions, salt)
+    return noise.row_keys(seeds, positions, salt)
+
+
+def append_kernel(device: torch.device):
+    """The history-append kernel for `device`, or None (torch ops then)."""
+    probe = torch.empty(0, device=device)
+    if not _kernel_ok(probe):
+        return None
+    from ..kernels.step_ops import append_history
+    return append_history
+
+
+def mask_nans_kernel(device: torch.device):
+    """The in-place NaN -> -inf kernel for `device`, or None (torch ops then)."""
+    probe = torch.empty(0, device=device)
+    if not _kernel_ok(probe):
+        return None
+    from ..kernels.step_ops import mask_nans_
+    return mask_nans_

@@ -1,0 +1,94 @@
+"""Deterministic slot allocation and the host-side record of each active request.
+
+A slot is the request's row in every per-slot table, in `[0, max_num_reqs)`. Slots are handed out
+smallest-free-first: a heap of freed slots plus a high-water mark, so nothing is built for slots
+never used (a huge `max_num_reqs` costs nothing up front). Every rank that sees the same
+add/remove sequence holds the same slot for the same request without talking (iterating a set
+would be hash-ordered per process). Each slot also has a generation, bumped whenever a request
+takes it or leaves it, so a plan built for an earlier occupant is recognised as stale.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..sampling.params import SamplingParams
+
+
+@dataclass
+class RequestInfo:
+    """What the host keeps of an active request (its sampling state lives in per-slot tables)."""
+    req_id: str
+    slot: int
+    params: SamplingParams
+    seed: int                          # the request's seed (drawn once when params.seed is None)
+    prompt_token_ids: list[int]         # a copy: changing the caller's list has no effect
+    _outputs: Callable[[], list[int]] = field(repr=False, default=lambda: [])
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Tokens emitted so far, read from the device history (synchronises: not for hot paths)."""
+        return self._outputs()
+
+
+class SlotTable:
+    """Smallest-free-first slot allocation with per-slot generations."""
+
+    def __init__(self, max_num_reqs: int):
+        self.max_num_reqs = max_num_reqs
+        self._freed: list[int] = []          # heap of freed slots below the high-water mark
+        self._next = 0                       # slots >= _next were never used
+        self.generation = np.zeros(16, dtype=np.int64)
+        self.requests: dict[str, RequestInfo] = {}
+
+    @property
+    def high_water(self) -> int:
+        """One past the largest slot ever handed out (tables need this many rows)."""
+        return self._next
+
+    def allocate(self, req_id: str) -> int:
+        if req_id in self.requests:
+            raise ValueError(f"req_id {req_id!r} is already active; remove it first")
+        if self._freed:
+            slot = heapq.heappop(self._freed)
+        elif self._next < self.max_num_reqs:
+            slot = self._next
+            self._next += 1
+        else:
+            raise ValueError(f"no free slot: all max_num_reqs={self.max_num_reqs} slots are in use")
+        if slot >= len(self.generation):
+            grown = np.zeros(max(2 * len(self.generation), slot + 1), dtype=np.int64)
+            grown[: len(self.generation)] = self.generation
+            self.generation = grown
+        self.generation[slot] += 1
+        return slot
+
+    def register(self, info: RequestInfo) -> None:
+        self.requests[info.req_id] = info
+
+    def remove(self, req_id: str) -> RequestInfo:
+        info = self.requests.pop(req_id, None)
+        if info is None:
+            raise ValueError(f"req_id {req_id!r} is not active")
+        heapq.heappush(self._freed, info.slot)
+        self.generation[info.slot] += 1          # plans naming the old occupant are now stale
+        return info
+
+    def get(self, req_id: str) -> RequestInfo:
+        try:
+            return self.requests[req_id]
+        except KeyError:
+            raise ValueError(f"req_id {req_id!r} is not active (add_request it first)") from None
+
+    def slots_of(self, req_ids) -> np.ndarray:
+        """[num_reqs] int64 slots of the given active request ids."""
+        try:
+            return np.fromiter((self.requests[r].slot for r in req_ids), dtype=np.int64, count=len(req_ids))
+        except KeyError as exc:
+            raise ValueError(f"req_id {exc.args[0]!r} is not active (add_request it first)") from None
+        except TypeError:
+            bad = next(r for r in req_ids if not isinstance(r, str))
+            raise ValueError(f"req_ids must be strings, got {type(bad).__name__}") from None
