@@ -71,7 +71,9 @@ def mistakes(m):
         ["bench", "engine", "--plot", m["root"] + "/missing/plot.png"], ["bench", "engine", "--batch-sizes", "1,0"],
         ["bench", "engine", "--strategies", "replicated,fast"], ["bench", "engine", "--tp", "3"],
         ["bench", "kernels", "--device", "cpu"], ["bench", "kernels", "--iters", "0"], ["bench"], ["serve-me"],
-    ] + ([["bench", "kernels"], ["demo", "--device", "cuda"], gen + ["--prompt-ids", "1", "--device", "cuda"]]
+        ["bench", "engine", "--preset", "qwen2-70b"], ["bench", "engine", "--preset", "kv-bound", "--tp", "3"],
+    ] + ([["bench", "kernels"], ["demo", "--device", "cuda"], gen + ["--prompt-ids", "1", "--device", "cuda"],
+          ["bench", "sampler", "--compare"]]
          if not torch.cuda.is_available() else [])
 
 
