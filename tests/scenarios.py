@@ -51,10 +51,11 @@ def grammar_rows(rows: int, vocab: int, seed: int) -> torch.Tensor:
 
 
 def run_scenario(group, strategy: str, vocab: int, num_steps: int, order_seed: int = 0,
-                 waves: bool = False, grammar: bool = False, drafts: bool = False, probs: bool = False):
+                 waves: bool = False, grammar: bool = False, drafts: bool = False, probs: bool = False,
+                 inplace: bool = False):
     """Run the mixed batch; returns per step (req ids, tokens, num_sampled, logprobs...) in req-id terms."""
     sampler = tpsample.Sampler(vocab, max_num_reqs=16, strategy=strategy, group=group, seed=1234,
-                               max_num_logits_per_req=3, eos_token_id=4, device=DEVICE)
+                               max_num_logits_per_req=3, eos_token_id=4, device=DEVICE, inplace_logits=inplace)
     tp, rank = sampler.tp_size, sampler.rank
     start, end = tpsample.vocab_shard(vocab, tp, rank)
     params = mixed_params(vocab)
@@ -115,14 +116,18 @@ STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
 
 
 def tp_suite(group, vocab: int = V_ODD, steps: int = 4):
-    """Every strategy on the mixed batch (grammar + drafts + logprobs), a permuted-order run and
-    a waves run, all in one process group so ranks start once."""
+    """Every strategy on the mixed batch (grammar + drafts + logprobs), a permuted-order run, a
+    waves run and a draft-probabilities run; a one-request batch (ranks that own nothing); and
+    per-strategy accounting on a larger vocabulary. All in one process group, so ranks start
+    once per TP size."""
     out = {}
     for s in STRATEGIES:
         out[(s, "mixed")] = run_scenario(group, s, vocab, steps, grammar=True, drafts=True)
         out[(s, "permuted")] = run_scenario(group, s, vocab, steps, order_seed=7)
         out[(s, "waves")] = run_scenario(group, s, vocab, steps, waves=True)
         out[(s, "draft_probs")] = run_scenario(group, s, vocab, steps, drafts=True, probs=True)
+        out[(s, "one_request")] = small_batch(group, 301, s)
+    out["accounting"] = accounting(group, 40_000, 32)
     return out
 
 

@@ -31,7 +31,7 @@ def _hf_greedy(folder: str, prompt: list[int], n: int) -> list[int]:
 def test_greedy_generation_matches_transformers_generate(folders, family):
     llm = LLM(folders[family], dtype="float32", kv_cache_tokens=2048, max_num_seqs=8)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24))
-    for prompt, out in zip(PROMPTS, outs):
+    for prompt, out in zip(PROMPTS, outs, strict=True):
         expected = _hf_greedy(folders[family], prompt, 24)
         assert out.output_token_ids == expected
         assert out.finish_reason == ("stop" if expected[-1] == 0 and len(expected) < 24 else "length")
@@ -40,7 +40,7 @@ def test_greedy_generation_matches_transformers_generate(folders, family):
 def test_chunked_prefill_under_a_small_token_budget_keeps_greedy_tokens(folders):
     llm = LLM(folders["llama"], dtype="float32", kv_cache_tokens=2048, max_num_seqs=4, max_num_batched_tokens=8)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12))
-    for prompt, out in zip(PROMPTS, outs):
+    for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.output_token_ids == _hf_greedy(folders["llama"], prompt, 12)
 
 
@@ -59,7 +59,7 @@ def test_more_requests_than_the_kv_cache_holds_all_finish_with_the_right_lengths
     tight = LLM(folders["qwen2"], dtype="float32", kv_cache_tokens=160, max_num_seqs=32)
     outs = tight.generate(prompts, params)
     assert tight.last_stats.num_preemptions > 0, "the cache was meant to run out"
-    for p, out, exp in zip(params, outs, expected):
+    for p, out, exp in zip(params, outs, expected, strict=True):
         assert len(out.output_token_ids) == p.max_tokens and out.finish_reason == "length"
         assert out.output_token_ids == exp.output_token_ids   # recompute keeps seeded tokens
 
@@ -73,7 +73,7 @@ def test_ngram_speculative_decoding_gives_exactly_the_greedy_tokens(folders):
     outs = spec.generate(prompts, params)
     assert spec.last_stats.num_draft_tokens > 0 and spec.last_stats.num_accepted_drafts > 0
     assert spec.last_stats.num_steps < plain.last_stats.num_steps
-    for out, exp in zip(outs, expected):
+    for out, exp in zip(outs, expected, strict=True):
         assert out.output_token_ids == exp.output_token_ids
 
 
@@ -100,7 +100,7 @@ def test_logprobs_come_back_per_output_token(folders):
     llm = LLM(folders["qwen2"], dtype="float32", kv_cache_tokens=2048)
     out = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=5, logprobs=3))[0]
     assert len(out.logprobs) == 5
-    for tok, lp in zip(out.output_token_ids, out.logprobs):
+    for tok, lp in zip(out.output_token_ids, out.logprobs, strict=True):
         assert lp.token_id == tok and lp.rank == 1 and len(lp.top_token_ids) == 3
         assert lp.top_token_ids[0] == tok and lp.logprob == pytest.approx(lp.top_logprobs[0])
 

@@ -2,6 +2,8 @@
 Triton's interpreter; on the GPU the same comparison runs with TPSAMPLE_TEST_DEVICE=cuda)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -9,7 +11,14 @@ import sys
 
 SCRIPT = r"""
 import json, torch, tpsample
+import tpsample.kernels.dispatch as dispatch
 from tpsample import SamplingParams as P
+kernel_calls = [0]
+_sample_rows = dispatch.sample_rows
+def _counted(*a, **k):
+    kernel_calls[0] += 1
+    return _sample_rows(*a, **k)
+dispatch.sample_rows = _counted        # the fast path looks it up at call time
 V = 301
 params = [P(temperature=0), P(temperature=0.8, top_k=20, top_p=0.9, seed=1), P(min_p=0.05, seed=2),
           P(top_p=0.6, seed=3, repetition_penalty=1.4, frequency_penalty=0.5), P(seed=4, logit_bias={7: 9.0}),
@@ -30,21 +39,37 @@ for step in range(3):
     o = s.sample(x.to(torch.bfloat16).float() if step == 1 else x, plan)
     out.append([o.sampled_token_ids.tolist(), o.num_nans.tolist(), o.num_fallback.tolist(),
                 o.logprobs.token_ids.tolist(), [round(v, 5) for v in o.logprobs.logprobs[:, 0].tolist()]])
-print("RESULT" + json.dumps(out))
+dispatch.sample_rows = _sample_rows
+print("RESULT" + json.dumps({"steps": out, "kernel_calls": kernel_calls[0]}))
 """
 
 
-def _run(extra_env):
-    env = dict(os.environ, **extra_env)
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    line = [x for x in res.stdout.splitlines() if x.startswith("RESULT")][-1]
+def _result(stdout: str):
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT")][-1]
     return json.loads(line[len("RESULT"):])
 
 
-def test_fused_kernel_path_gives_the_torch_pipeline_tokens():
-    torch_path = _run({"TPSAMPLE_KERNELS_ON_CPU": "0"})
+def _run(extra_env):
+    """In a fresh process: triton.jit reads TRITON_INTERPRET when the kernels are defined."""
+    env = dict(os.environ, **extra_env)
+    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return _result(res.stdout)
+
+
+def _run_here(monkeypatch):
+    """The torch pipeline in this process (no kernels on CPU unless asked for)."""
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "0")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(SCRIPT, {})
+    return _result(out.getvalue())
+
+
+def test_fused_kernel_path_gives_the_torch_pipeline_tokens(monkeypatch):
+    torch_path = _run_here(monkeypatch)
     kernel_path = _run({"TRITON_INTERPRET": "1", "TPSAMPLE_KERNELS_ON_CPU": "1"})
-    assert kernel_path == torch_path
-    assert any(f for step in torch_path for f in step[2])      # the guard row was exercised
-    assert any(n for step in torch_path for n in step[1])      # NaNs were counted
+    assert kernel_path["kernel_calls"] > 0 and torch_path["kernel_calls"] == 0   # two different paths ran
+    assert kernel_path["steps"] == torch_path["steps"]
+    assert any(f for step in torch_path["steps"] for f in step[2])      # the guard row was exercised
+    assert any(n for step in torch_path["steps"] for n in step[1])      # NaNs were counted

@@ -2,19 +2,21 @@
 
 Runs the kernel under TRITON_INTERPRET=1 on CPU, or compiled when CUDA is present.
 """
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from tpsample.kernels import rng_triton
 from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def rng_triton(triton_interpreter):
+    """Imported here, not at the top: triton.jit picks interpreted or compiled at import."""
+    from tpsample.kernels import rng_triton
+    return rng_triton
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -28,14 +30,14 @@ def keys(n: int, salt=rng.SALT_DRAW):
     return rng.row_keys(seeds, torch.arange(n, dtype=torch.int64) * 7 + 2**33, salt)
 
 
-def test_uniform_bits_identical_to_torch():
+def test_uniform_bits_identical_to_torch(rng_triton):
     k0, k1 = keys(16)
     ids = torch.cat([torch.arange(2000), torch.tensor([2**31 - 1, 2**32 - 1, 151_935, 10**9])])
     u, _ = rng_triton.probe(k0.to(DEV), k1.to(DEV), ids.to(DEV))
     assert torch.equal(u.cpu(), rng.uniform_bits(k0, k1, ids))
 
 
-def test_gumbel_matches_torch_to_the_ulp_of_its_log():
+def test_gumbel_matches_torch_to_the_ulp_of_its_log(rng_triton):
     k0, k1 = keys(16)
     ids = torch.arange(4000)
     u, g = rng_triton.probe(k0.to(DEV), k1.to(DEV), ids.to(DEV))
@@ -47,7 +49,7 @@ def test_gumbel_matches_torch_to_the_ulp_of_its_log():
     assert float((g.cpu() == ref).float().mean()) > 0.5   # mostly bit-identical
 
 
-def test_gumbel_extremes_are_finite_and_ordered():
+def test_gumbel_extremes_are_finite_and_ordered(rng_triton):
     k0 = torch.zeros(1, dtype=torch.int64)
     u = torch.cat([torch.arange(64), 2**32 - 1 - torch.arange(64)]).to(torch.int64)
     g = rng_triton.gumbel_probe_bits(u.to(DEV)).cpu()

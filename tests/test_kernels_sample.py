@@ -4,14 +4,11 @@ Small shapes under TRITON_INTERPRET=1 on CPU (compiled kernels when CUDA is pres
 mixes row configurations; KernelConfig variants force the candidate path, the exact search
 (tiny CAP), several programs per row and several blocks per program.
 """
-import math
-import os
+import zlib
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from tpsample.kernels import torch_ref
@@ -19,7 +16,8 @@ from tpsample.kernels.dispatch import KernelConfig, sample_rows
 from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy's inf - inf in masked lanes
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]   # numpy's inf - inf in masked lanes
 NEG_INF = float("-inf")
 # (temperature, top_k, top_p, min_p)
 GREEDY = (0.0, 0, 1.0, 0.0)
@@ -64,12 +62,13 @@ def check(x, rows, cfg=DEFAULT, seed=0, col_offset=0):
     want = torch_ref.sample_rows(x, t, k, p, lmp, k0, k1, col_offset=col_offset)
     assert got[0].cpu().tolist() == want[0].tolist(), (rows, got, want)
     assert got[1].cpu().tolist() == want[1].tolist(), (rows, got, want)
+    return want
 
 
 @pytest.mark.parametrize("kind,cfg", [("randn", DEFAULT), ("randn", SEARCH), ("randn", SPLIT), ("zipf", DEFAULT),
                                       ("zipf", SEARCH), ("ties", DEFAULT), ("ties", SEARCH)])
 def test_mixed_batches_match_reference_token_for_token(kind, cfg):
-    gen = torch.Generator().manual_seed(hash((kind, cfg.cap)) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{cfg.cap}".encode()) % 1000)   # not hash(): salted
     for seed in range(2):
         rows = [CONFIGS[int(i)] for i in torch.randint(0, len(CONFIGS), (6,), generator=gen)]
         check(logits(kind, 6, 300, gen), rows, cfg, seed)
@@ -134,5 +133,5 @@ def test_full_size_batch_matches_reference_on_gpu():
     gen = torch.Generator().manual_seed(6)
     x = logits("randn", 32, 151_936, gen)
     rows = [CONFIGS[i % len(CONFIGS)] for i in range(32)]
-    check(x, rows)
-    assert math.isfinite(float(x[0, 0]))
+    tokens, valid = check(x, rows)
+    assert bool(valid.all()) and len(set(tokens.tolist())) > 1      # real draws, not guard fallbacks

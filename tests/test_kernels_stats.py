@@ -4,13 +4,9 @@ Counts, ids, histograms of counts and Gumbel winners are exact. Masses are exact
 TRITON_INTERPRET=1 numpy's fp32 exp may differ from torch's in the last ulp, so each mass may be
 off by 2**(shift - 23) there.
 """
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from tpsample.kernels import dispatch, torch_ref
@@ -18,7 +14,7 @@ from tpsample.kernels.dispatch import KernelConfig
 from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 V_GLOBAL = 151_936
 SPLIT = KernelConfig(splits=4, block=32)
 

@@ -3,24 +3,27 @@ row keys bit for bit, and the history append token for token.
 
 Runs the kernels under TRITON_INTERPRET=1 on CPU, or compiled when CUDA is present.
 """
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from tpsample import noise  # noqa: E402
-from tpsample.kernels import step_ops  # noqa: E402
 from tpsample.state.history import History  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+
+@pytest.fixture(scope="module")
+def step_ops(triton_interpreter):
+    """Imported here, not at the top: triton.jit picks interpreted or compiled at import."""
+    from tpsample.kernels import step_ops
+    return step_ops
 
 
 @pytest.mark.parametrize("salt", [noise.SALT_DRAW, noise.SALT_ACCEPT, noise.SALT_RESIDUAL])
-def test_row_keys_kernel_equals_torch_bits(salt):
+def test_row_keys_kernel_equals_torch_bits(step_ops, salt):
     g = torch.Generator().manual_seed(salt)
     seeds = torch.randint(-2**63, 2**63 - 1, (300,), generator=g, dtype=torch.int64)
     seeds[:3] = torch.tensor([0, -1, noise.seed_to_int64(2**64 - 1)])
@@ -31,7 +34,7 @@ def test_row_keys_kernel_equals_torch_bits(salt):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
-def test_append_kernel_equals_torch_append_over_steps():
+def test_append_kernel_equals_torch_append_over_steps(step_ops):
     g = torch.Generator().manual_seed(0)
     a, b = History(), History()
     for h in (a, b):
@@ -52,7 +55,7 @@ def test_append_kernel_equals_torch_append_over_steps():
     assert int(a.num_out.sum()) > 0
 
 
-def test_mask_nans_kernel_equals_torch_and_counts_per_row():
+def test_mask_nans_kernel_equals_torch_and_counts_per_row(step_ops):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(7, 3000, generator=g)
     x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")

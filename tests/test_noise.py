@@ -1,8 +1,9 @@
-"""The keyed noise of DESIGN.md section 2 (`tpsample.noise`), checked statistically.
+"""The keyed noise (`tpsample.noise`, docs/semantics.md "Noise"), checked statistically.
 
 Every statistical test uses fixed keys (so it is deterministic) and states its level: chi-square
 tests reject at alpha = 0.001, correlation tests at |r| * sqrt(n) > 3.29 (two-sided alpha = 0.001),
-the tail test at |z| >= 3 as DESIGN.md asks. Everything is vectorised over keys and token ids.
+the tail test at |z| >= 3 (the bound the noise is specified to meet). Everything is vectorised
+over keys and token ids.
 
 The Triton twin (`tpsample.kernels.rng_triton`) must produce these same bits; that equality is
 held by tests/test_kernels_rng.py (GPU or TRITON_INTERPRET), not here.
@@ -178,7 +179,7 @@ def test_gumbel_is_strictly_decreasing_where_the_winner_lives():
 
 
 def test_gumbel_max_hits_the_exact_tail_mass_of_a_long_tailed_row():
-    """DESIGN.md tail test: Gumbel-max over a Zipf row (V = 1024, s = 1.1) for 1e5 (seed, pos) keys.
+    """Tail test: Gumbel-max over a Zipf row (V = 1024, s = 1.1) for 1e5 (seed, pos) keys.
 
     The frequency of the top 1% of tokens (and of the top 10% and of the bottom half, the long
     tail) matches the exact softmax mass: |z| < 3 for each.

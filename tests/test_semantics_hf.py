@@ -1,5 +1,5 @@
-"""The sampler against HF transformers' logits processors, composed in our order (DESIGN.md
-section 2): RepetitionPenalty -> Temperature -> MinP -> TopK -> TopP.
+"""The sampler against HF transformers' logits processors, composed in our order
+(docs/semantics.md): RepetitionPenalty -> Temperature -> MinP -> TopK -> TopP.
 
 Kept sets: the tokens our sampler can draw (finite entries of its processed logprobs over the
 whole vocabulary) equal the tokens HF leaves finite. HF runs in float64 here; our fast path

@@ -1,4 +1,4 @@
-"""The sampler against the slow float64 reference (DESIGN.md section 2), feature by feature.
+"""The sampler against the slow float64 reference (docs/semantics.md), feature by feature.
 
 CPU, TP=1. Logits are `randn * 3` (distinct values, so the fp32 fast path and the float64
 reference agree on every token), V = 397 (odd, its last bitmask word half used), many rows per

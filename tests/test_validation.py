@@ -1,11 +1,14 @@
 """Bad input raises ValueError naming the field (and the allowed range) before anything runs.
 
-DESIGN.md section 2 "Validation" and STYLE.md: SamplingParams checks every field at
-construction; checks that need V or the sampler's limits run in `add_request`; `plan` and
-`sample` check request ids, drafts, bitmasks and tensor shapes. A rejected call changes nothing.
+SamplingParams checks every field at construction (ranges in docs/semantics.md, "Parameter
+ranges"); checks that need V or the sampler's limits run in `add_request`; `plan` and `sample`
+check request ids, drafts, bitmasks and tensor shapes. A rejected call changes nothing.
 """
 from __future__ import annotations
 
+import pickle
+
+import numpy as np
 import pytest
 import torch
 
@@ -17,11 +20,15 @@ NAN, INF = float("nan"), float("inf")
 
 PARAM_ERRORS = [
     ("temperature", -0.1), ("temperature", NAN), ("temperature", INF), ("temperature", "1"), ("temperature", True),
-    ("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.0001), ("top_p", NAN),
+    ("temperature", 10**400), ("temperature", 1e-45), ("temperature", 1e-7), ("temperature", 2e6),
+    ("temperature", np.bool_(True)),
+    ("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.0001), ("top_p", NAN), ("top_p", 1e-40),
+    ("top_k", 1e30), ("top_k", np.float64(3.0)), ("min_p", 1e-40),
     ("top_k", -2), ("top_k", 2.5), ("top_k", True), ("top_k", "5"),
     ("min_p", -0.01), ("min_p", 1.01), ("min_p", NAN),
     ("seed", 1.5), ("seed", "7"), ("seed", True),
     ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", INF),
+    ("repetition_penalty", 1e-300), ("repetition_penalty", 0.009), ("repetition_penalty", 101.0),
     ("frequency_penalty", 2.01), ("frequency_penalty", -2.01), ("frequency_penalty", NAN),
     ("presence_penalty", 2.01), ("presence_penalty", -2.01), ("presence_penalty", INF),
     ("min_tokens", -1), ("min_tokens", 1.5),
@@ -30,6 +37,8 @@ PARAM_ERRORS = [
     ("logprobs_mode", "logits"), ("logprobs_mode", None),
     ("logit_bias", [(1, 2.0)]), ("logit_bias", {-1: 1.0}), ("logit_bias", {"a": 1.0}), ("logit_bias", {1: NAN}),
     ("logit_bias", {1: INF}), ("logit_bias", {t: 1.0 for t in range(1025)}),
+    ("logit_bias", {5: 1e308}), ("logit_bias", {5: 3e38}), ("logit_bias", {5: 100.5}), ("logit_bias", {5: -101}),
+    ("logit_bias", {True: 1.0}), ("logit_bias", {5: 10**400}),
     ("allowed_token_ids", []), ("allowed_token_ids", [-1]), ("allowed_token_ids", [1.5]), ("allowed_token_ids", 5),
     ("stop_token_ids", [-1]), ("stop_token_ids", ["a"]), ("stop_token_ids", 5),
     ("bad_words_token_ids", [[]]), ("bad_words_token_ids", [[-1]]), ("bad_words_token_ids", [1, 2]),
@@ -44,8 +53,10 @@ def test_sampling_params_rejects_each_bad_value_naming_the_field(field, value):
 
 
 def test_sampling_params_accepts_every_bound():
-    for kw in ({"temperature": 0.0}, {"top_p": 1.0}, {"top_p": 1e-9}, {"top_k": -1}, {"top_k": 0}, {"top_k": 1},
-               {"min_p": 0.0}, {"min_p": 1.0}, {"repetition_penalty": 1e-6}, {"frequency_penalty": 2.0},
+    for kw in ({"temperature": 0.0}, {"temperature": 1e-6}, {"temperature": 1e6}, {"top_p": 1.0}, {"top_p": 1e-9},
+               {"top_p": 2.0**-126}, {"top_k": -1}, {"top_k": 0}, {"top_k": 1}, {"top_k": 10**30},
+               {"min_p": 0.0}, {"min_p": 1.0}, {"min_p": 2.0**-126}, {"repetition_penalty": 0.01},
+               {"repetition_penalty": 100}, {"logit_bias": {1: 100.0, 2: -100}}, {"frequency_penalty": 2.0},
                {"frequency_penalty": -2.0}, {"presence_penalty": 2}, {"presence_penalty": -2}, {"min_tokens": 0},
                {"max_tokens": 1}, {"logprobs": 0}, {"seed": -(2**70)}, {"logprobs_mode": "processed"},
                {"logit_bias": {t: -100.0 for t in range(1024)}}, {"allowed_token_ids": [0]},
@@ -57,6 +68,99 @@ def test_sampling_params_is_frozen():
     p = SP()
     with pytest.raises(AttributeError):
         p.temperature = 0.5
+
+
+def test_numpy_and_other_real_scalars_are_accepted_and_stored_as_python_numbers():
+    p = SP(temperature=np.float32(0.5), top_k=np.int64(5), top_p=np.float16(0.5), min_p=np.float64(0.1),
+           seed=np.uint64(2**63 + 1), repetition_penalty=np.int32(2), max_tokens=np.int8(3),
+           logprobs=np.int64(2), ignore_eos=np.bool_(True), logit_bias={np.int64(3): np.float32(-2.5)},
+           allowed_token_ids=np.arange(4).tolist() + [np.int64(9)], stop_token_ids=(np.int16(1),),
+           bad_words_token_ids=[[np.int64(1), 2]])
+    assert p == SP(temperature=0.5, top_k=5, top_p=0.5, min_p=0.1, seed=2**63 + 1, repetition_penalty=2.0,
+                   max_tokens=3, logprobs=2, ignore_eos=True, logit_bias={3: -2.5}, allowed_token_ids=[0, 1, 2, 3, 9],
+                   stop_token_ids=[1], bad_words_token_ids=[[1, 2]])
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        assert type(getattr(p, name)) is float, name
+    for name in ("top_k", "seed", "max_tokens", "logprobs"):
+        assert type(getattr(p, name)) is int, name
+    assert type(p.ignore_eos) is bool and all(type(t) is int for t in p.allowed_token_ids)
+
+
+def test_containers_are_copied_and_frozen_at_construction():
+    allowed, bias, words, stops = [1, 2, 3], {4: 1.0}, [[5, 6]], [7]
+    p = SP(allowed_token_ids=allowed, logit_bias=bias, bad_words_token_ids=words, stop_token_ids=stops)
+    allowed.append(V + 10)
+    bias[V + 10] = 50.0
+    words[0].append(V + 10)
+    stops.append(V + 10)
+    assert p.allowed_token_ids == (1, 2, 3) and p.logit_bias == {4: 1.0}
+    assert p.bad_words_token_ids == ((5, 6),) and p.stop_token_ids == (7,)
+    with pytest.raises(TypeError):
+        p.logit_bias[4] = 2.0
+    assert pickle.loads(pickle.dumps(p)) == p and hash(p) == hash(SP(
+        allowed_token_ids=(1, 2, 3), logit_bias={4: 1.0}, bad_words_token_ids=[(5, 6)], stop_token_ids=[7]))
+    s = sampler()
+    s.add_request("a", p, [1])                  # the caller's out-of-range additions are not seen
+    out = s.sample(torch.zeros(1, V), s.plan(["a"]))
+    assert out.tokens(0)[0] in (1, 2, 3)
+
+
+def test_top_k_at_or_above_the_vocabulary_is_normalised_to_off():
+    assert SP(top_k=10**30).validate_for_vocab(V, 5) == SP(top_k=-1)
+    assert SP(top_k=V).validate_for_vocab(V, 5).top_k == -1
+    assert SP(top_k=V - 1).validate_for_vocab(V, 5).top_k == V - 1
+    p = SP(top_k=3)
+    assert p.validate_for_vocab(V, 5) is p
+
+
+def test_sampler_treats_a_huge_top_k_as_off():
+    x = torch.randn(1, V, generator=torch.Generator().manual_seed(3))
+    got = {}
+    for k in (-1, V, 10**12, 10**30):
+        s = sampler()
+        s.add_request("a", SP(top_k=k, seed=4), [1])
+        got[k] = s.sample(x, s.plan(["a"])).tokens(0)
+    assert got[10**30] == got[10**12] == got[V] == got[-1]
+
+
+def test_params_at_the_range_bounds_keep_large_logits_finite():
+    """At every bound that scales logits, rows with |l| up to 1e29 never reach the guard."""
+    from tpsample.sampling import params as P
+    x = torch.randn(4, V, generator=torch.Generator().manual_seed(5)) * 1e29
+    edge = [SP(temperature=P.TEMPERATURE_RANGE[0], seed=1, logit_bias={3: P.LOGIT_BIAS_BOUND}),
+            SP(temperature=P.TEMPERATURE_RANGE[0], repetition_penalty=P.REPETITION_PENALTY_RANGE[0], seed=2),
+            SP(temperature=P.TEMPERATURE_RANGE[0], repetition_penalty=P.REPETITION_PENALTY_RANGE[1], seed=3,
+               top_p=2.0**-126, logit_bias={3: -P.LOGIT_BIAS_BOUND}),
+            SP(temperature=P.TEMPERATURE_RANGE[1], min_p=2.0**-126, seed=4)]
+    for strategy in ("replicated", "vocab_parallel"):
+        s = tpsample.Sampler(V, strategy=strategy, seed=0, max_num_reqs=4)
+        for i, p in enumerate(edge):
+            s.add_request(f"r{i}", p, list(range(0, V, 2)))       # half the vocabulary was seen
+        out = s.sample(x, s.plan([f"r{i}" for i in range(4)]))
+        assert out.num_fallback.tolist() == [0, 0, 0, 0], strategy
+
+
+def test_draft_probs_rows_must_be_probabilities():
+    s = two_requests()
+    plan = s.plan(["a", "b"])
+    x = torch.randn(2, V, generator=torch.Generator().manual_seed(0))
+    good = torch.softmax(x, dim=1)
+    for row, value in ((1, -0.25), (0, NAN), (1, INF), (0, 1.5)):
+        q = good.clone()
+        q[row, 7] = value
+        with pytest.raises(ValueError, match=f"draft_probs row {row} must hold probabilities"):
+            s.sample(x, plan, draft_probs=q)
+    assert s.sample(x, plan, draft_probs=good).num_sampled.tolist() == [1, 1]
+
+
+def test_an_all_zero_draft_row_is_rejected_on_full_rows_only():
+    from tpsample.validation import check_draft_probs
+    q = torch.full((3, V), 1.0 / V)
+    q[1] = 0.0
+    with pytest.raises(ValueError, match="draft_probs row 1"):
+        check_draft_probs(q, 3, V, draft_rows=[0, 1], full_rows=True)
+    check_draft_probs(q, 3, V, draft_rows=[0, 1], full_rows=False)     # a vocab shard may hold no mass
+    check_draft_probs(q, 3, V, draft_rows=[0, 2], full_rows=True)      # row 1 verifies no draft
 
 
 def sampler(**kw) -> tpsample.Sampler:

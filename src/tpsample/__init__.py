@@ -1,12 +1,36 @@
-"""tpsample: exact sampling for tensor-parallel LLM decoding."""
+"""tpsample: exact sampling for tensor-parallel LLM decoding.
+
+`import tpsample` loads the sampler only. The engine (`LLM`, `RequestOutput`, `GuidedDecoding`)
+and its dependencies (safetensors, transformers, xgrammar) load on first use of those names.
+"""
+from __future__ import annotations
+
+import importlib
+
 from .parallel.shard import vocab_shard
 from .sampler import Sampler, StepStats
 from .sampling.output import LogprobsOutput, SamplerOutput
 from .sampling.params import SamplingParams
 
-__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "vocab_shard"]
 __version__ = "0.1.0"
-from .llm import LLM  # noqa: E402  (after the sampler: the engine builds on it)
-from .engine.request import GuidedDecoding, RequestOutput  # noqa: E402
 
-__all__ += ["LLM", "RequestOutput", "GuidedDecoding"]
+_LAZY = {   # name -> module that defines it (imported on first access)
+    "LLM": "tpsample.llm",
+    "RequestOutput": "tpsample.engine.request",
+    "GuidedDecoding": "tpsample.engine.request",
+}
+
+__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "vocab_shard",
+           "LLM", "RequestOutput", "GuidedDecoding"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value            # later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'tpsample' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -54,35 +54,29 @@ def _all_strategies(group, vocab, steps, device):
 
 
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
-    from rich.console import Console
-    from rich.table import Table
-
     from .parallel.launch import spawn_ranks
+    from .term import console as make_console, table as make_table
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    console = Console()
+    console = make_console()
     console.print(f"[bold]tpsample demo[/bold]: {len(demo_params(vocab))} requests "
                   f"({', '.join(n for n, _ in demo_params(vocab))}), vocab {vocab:,}, TP={tp} on {device} (gloo)")
     with console.status(f"sampling 3 steps under every strategy at TP={tp}"):
         ref = run_batch(None, "replicated", vocab, device=device)
         per_rank = spawn_ranks(_all_strategies, tp, vocab, 3, device, timeout_s=600) if tp > 1 else [
             _all_strategies(None, vocab, 3, device)]
-    shard = per_rank[0][STRATEGIES[0]]["stats"].local_logits_bytes / 2**20
-    table = Table(title=f"sampler at TP={tp}, last step",
-                  caption=f"MiB/rank: sampler peak per rank (each rank's logits shard is {shard:.2f} MiB); "
-                          "KiB moved: sent + received per rank")
-    table.add_column("strategy", no_wrap=True)
-    for col in ("= TP=1", "MiB/rank", "KiB moved", "collectives"):
-        table.add_column(col, justify="right")
+    table = make_table(f"sampling strategies at TP={tp} (last step)",
+                       ["strategy", "tokens ==\nTP=1", "peak\nMiB/rank", "shard\nMiB", "KiB moved\n/rank",
+                        "collec-\ntives"], left=("strategy",))
     summary = {}
     for st in STRATEGIES:
         same = all(r[st]["tokens"] == ref["tokens"] for r in per_rank)
         stats = [r[st]["stats"] for r in per_rank]
         peak = max(x.peak_bytes for x in stats)
         moved = max(x.bytes_sent + x.bytes_received for x in stats)
-        name = st if st != "auto" else f"auto ({stats[0].strategy})"
-        table.add_row(name, "yes" if same else "NO", f"{peak / 2**20:.2f}", f"{moved / 1024:,.1f}",
-                      str(stats[0].num_collectives))
+        name = st if st != "auto" else f"auto -> {stats[0].strategy}"
+        table.add_row(name, "yes" if same else "NO", f"{peak / 2**20:.2f}", f"{stats[0].local_logits_bytes / 2**20:.2f}",
+                      f"{moved / 1024:.1f}", str(stats[0].num_collectives))
         summary[st] = {"identical": same, "peak_bytes": peak, "bytes_moved": moved}
     console.print(table)
     return summary

@@ -1,4 +1,4 @@
-"""tpsample.LLM: the offline entry point.
+"""tpsample.LLM: the offline entry point of the engine.
 
     llm = tpsample.LLM("path/to/hf-folder", tensor_parallel_size=2, strategy="vocab_parallel")
     outs = llm.generate(["Hello"], tpsample.SamplingParams(temperature=0, max_tokens=32))

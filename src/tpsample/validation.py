@@ -113,5 +113,23 @@ def check_logits(x, num_rows: int, width: int, name: str) -> None:
                          f"shard), got {list(x.shape)}")
 
 
-def check_draft_probs(p, num_rows: int, width: int) -> None:
+def check_draft_probs(p, num_rows: int, width: int, *, draft_rows=None, full_rows: bool = False) -> None:
+    """Shape, dtype, and values: every entry a probability in [0, 1] (NaN and inf rejected).
+
+    draft_rows: indices (in logits order) of the rows that verify a draft token. When given and
+    the rows are full vocabulary rows (`full_rows`, i.e. TP=1), such a row must not be all zero:
+    the draft token was drawn from it. (Under TP a rank holds a shard, where zeros are legal.)
+    Costs one [rows] reduction and one host sync; no [rows, V] temporary.
+    """
     check_logits(p, num_rows, width, "draft_probs")
+    if num_rows == 0 or width == 0:
+        return
+    lo, hi = torch.aminmax(p, dim=1)                     # NaN anywhere in a row -> NaN here
+    ok = (lo >= 0) & (hi <= 1)
+    if draft_rows is not None and full_rows and len(draft_rows):
+        idx = torch.as_tensor(list(draft_rows), dtype=torch.int64, device=p.device)
+        ok[idx] &= hi[idx] > 0
+    if not bool(ok.all()):
+        row = int((~ok).nonzero()[0, 0])
+        raise ValueError(f"draft_probs row {row} must hold probabilities in [0, 1] (finite, not negative, "
+                         f"not all zero on a draft row), got min {float(lo[row]):g}, max {float(hi[row]):g}")

@@ -1,4 +1,4 @@
-"""A compact TP decode engine on top of the tpsample sampler (see DESIGN.md section 5)."""
+"""A compact TP decode engine on top of the tpsample sampler (docs/engine.md)."""
 from tpsample.engine.config import EngineConfig, NgramConfig
 from tpsample.engine.report import EngineInfo, RunStats
 from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta, TokenLogprob

@@ -70,17 +70,16 @@ def bench_strategy(folder: str, strategy: str, batch_sizes: list[int], *, tp: in
 
 
 def print_table(rows: list[dict], tp: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tpsample.term import console, table as make_table
 
-    table = Table(title=f"engine throughput and latency, TP={tp}")
-    for col in ("strategy", "batch", "tokens/s", "TTFT ms", "TPOT ms", "sampler peak / rank MiB", "KV blocks"):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+    table = make_table(f"engine throughput and latency, TP={tp}",
+                       ["strategy", "batch", "tokens/s", "TTFT\nms", "TPOT\nms", "sampler peak\nMiB/rank", "KV\nblocks"],
+                       left=("strategy",))
     for r in rows:
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
         table.add_row(r["strategy"], str(r["batch"]), f"{r['tokens_per_s']:.1f}", f"{r['ttft_ms']:.1f}",
                       f"{r['tpot_ms']:.1f}", peaks, f"{r['kv_blocks']:,}")
-    Console(width=140).print(table)
+    console().print(table)
 
 
 def save_plot(rows: list[dict], path: str) -> None:

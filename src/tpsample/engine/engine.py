@@ -70,7 +70,7 @@ class Engine:
         if len(prompt) >= self.runner.max_model_len:
             raise ValueError(f"prompt {index}: {len(prompt)} tokens leave no room under "
                              f"max_model_len={self.runner.max_model_len}")
-        params.validate_for_vocab(self.vocab_size, self.cfg.max_logprobs)
+        params = params.validate_for_vocab(self.vocab_size, self.cfg.max_logprobs)   # top_k >= V -> off
         matcher = None
         if guided is not None:
             if self.grammar is None:

@@ -7,6 +7,11 @@ import os
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
+def has_tokenizer(folder: str) -> bool:
+    """Whether the folder holds tokenizer files (cheap: no transformers import)."""
+    return any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES)
+
+
 def load_tokenizer(folder: str):
     """The folder's tokenizer, or None when it has none."""
     if not has_tokenizer(folder):

@@ -1,4 +1,4 @@
-"""The draw (DESIGN.md section 2, step 10), greedy argmax and the guard (step 12).
+"""The draw (step 10 of docs/semantics.md), greedy argmax and the guard (step 12).
 
 All three are a local argmax over the columns held, turned into a row-wide winner by the
 reducer's `argmax_pair` (largest value, ties -> lowest global id). The noise depends only on

@@ -1,4 +1,4 @@
-"""Filters as thresholds: DESIGN.md section 2, steps 7-9.
+"""Filters as thresholds: min-p, top-k, top-p (steps 7-9 of docs/semantics.md).
 
 Every filter keeps a top set of the row, so it is a per-row threshold `thr`: kept = l >= thr.
 Thresholds are computed from partial results over the local columns and a reducer, and they are

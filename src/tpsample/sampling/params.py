@@ -1,30 +1,56 @@
-"""SamplingParams: the per-request knobs of DESIGN.md section 2, validated at construction.
+"""SamplingParams: the per-request sampling knobs, validated and frozen at construction.
 
-Every bad value raises `ValueError` naming the field and the allowed range. Checks that need
-the vocabulary size or the sampler's limits (token ids in [0, V), logprobs <= max_logprobs)
-live in `validate_for_vocab`, called by `Sampler.add_request`.
+Every bad value raises `ValueError` naming the field and the allowed range. Numbers may be
+Python or numpy scalars (stored as `int` / `float`); containers are copied and frozen (tuples,
+a read-only `FrozenDict`), so changing the caller's list afterwards changes nothing. Checks
+that need the vocabulary size or the sampler's limits live in `validate_for_vocab`, which also
+returns the params the sampler should store (`top_k >= V` normalised to -1, off).
+
+Ranges, and why (the sampler computes in fp32):
+- `temperature`: 0 (greedy) or in [1e-6, 1e6]. `l / T` with T below 1e-6 overflows fp32 for
+  large logits (and 1e-45 is 0 in fp32); above 1e6 every realistic row is uniform already.
+- `logit_bias` values in [-100, 100], the OpenAI API's range: -100 all but bans a token
+  (exp(-100) ~ 4e-44), while values like 1e308 overflow fp32. Use `allowed_token_ids` or
+  `bad_words_token_ids` to ban a token exactly.
+- `repetition_penalty` in [0.01, 100]: a factor beyond 100 already bans or forces a seen token,
+  and 1e-300 is 0 in fp32 (`l / r` = inf).
+- `top_p` in (0, 1] and `min_p` (when not 0) at least 2**-126 (~1.2e-38, the smallest normal
+  fp32): smaller values are 0 in fp32, which would keep no token at all.
+Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
+(100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
+argmax, flagged) applies.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-MAX_LOGIT_BIAS = 1024
-MAX_BAD_WORDS = 128
-MAX_BAD_WORD_LEN = 1024
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_LEN = 256
+from .coerce import FP32_TINY, FrozenDict, as_bool, as_float, as_int, check, fail, token_ids
+
+MAX_LOGIT_BIAS = 1024           # entries
+MAX_BAD_WORDS = 128             # sequences
+MAX_BAD_WORD_LEN = 1024         # tokens per sequence
+LOGIT_BIAS_BOUND = 100.0        # |bias| <= this
+TEMPERATURE_RANGE = (1e-6, 1e6)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+PENALTY_BOUND = 2.0             # |frequency_penalty|, |presence_penalty|
+MAX_STOP_STRINGS = 16           # stop strings per request
+MAX_STOP_STRING_LEN = 256       # characters per stop string
 LOGPROBS_MODES = ("raw", "processed")
 
 
-def _check(cond: bool, field: str, allowed: str, value) -> None:
-    if not cond:
-        raise ValueError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
+def _real(value, field: str, lo: float, hi: float, allowed: str, *, or_zero: bool = False) -> float:
+    v = as_float(value, field, allowed)
+    check((or_zero and v == 0) or lo <= v <= hi, field, allowed, value)
+    return v
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def _int(value, field: str, lo: int, allowed: str) -> int:
+    v = as_int(value, field, allowed)
+    check(v >= lo, field, allowed, value)
+    return v
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +63,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: Optional[dict[int, float]] = None
-    allowed_token_ids: Optional[list[int]] = None
-    bad_words_token_ids: Optional[list[list[int]]] = None
+    logit_bias: Optional[Mapping[int, float]] = None          # stored as a FrozenDict
+    allowed_token_ids: Optional[tuple[int, ...]] = None        # lists accepted, stored as tuples
+    bad_words_token_ids: Optional[tuple[tuple[int, ...], ...]] = None
     min_tokens: int = 0
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[tuple[int, ...]] = None
     logprobs: Optional[int] = None
     logprobs_mode: str = "raw"
     max_tokens: int = 16
@@ -50,102 +76,122 @@ class SamplingParams:
     include_stop_str_in_output: bool = False    # keep the matched stop string (or stop token's text)
 
     def __post_init__(self) -> None:
-        _check(_is_number(self.temperature) and self.temperature >= 0, "temperature",
-               "a finite number >= 0 (0 = greedy)", self.temperature)
-        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
-        _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
-               and (self.top_k in (-1, 0) or self.top_k >= 1), "top_k",
-               "-1 or 0 (off) or an integer >= 1", self.top_k)
-        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
-        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
-               "seed", "None or an integer", self.seed)
-        _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
-               "repetition_penalty", "a finite number > 0", self.repetition_penalty)
-        _check(_is_number(self.frequency_penalty) and abs(self.frequency_penalty) <= 2,
-               "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        _check(_is_number(self.presence_penalty) and abs(self.presence_penalty) <= 2,
-               "presence_penalty", "in [-2, 2]", self.presence_penalty)
-        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
-               "an integer >= 0", self.min_tokens)
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
-               "an integer >= 1", self.max_tokens)
-        _check(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
-               "logprobs", "None or an integer >= 0", self.logprobs)
-        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
-        _check(self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode", f"one of {LOGPROBS_MODES}",
-               self.logprobs_mode)
-        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output",
-               "True or False", self.include_stop_str_in_output)
-        self._validate_stop()
-        self._validate_lists()
+        # Construction-time normalisation of the instance being built (numpy scalars -> Python
+        # numbers, containers -> frozen copies); nothing else ever writes a field.
+        for name, value in self._checked_numbers().items():
+            object.__setattr__(self, name, value)
+        for name, value in self._checked_containers().items():
+            object.__setattr__(self, name, value)
 
-    def _validate_stop(self) -> None:
-        """Stop strings are matched by the detokenizing front end, never by the sampler."""
-        stop = self.stop
-        if stop is None:
-            return
-        if isinstance(stop, str):
-            stop = (stop,)
-        _check(isinstance(stop, (list, tuple)) and len(stop) <= MAX_STOP_STRINGS, "stop",
-               f"a string or a list of at most {MAX_STOP_STRINGS} strings", stop)
-        for s in stop:
-            _check(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_STRING_LEN, "stop",
-                   f"non-empty strings of at most {MAX_STOP_STRING_LEN} characters", s)
-        object.__setattr__(self, "stop", tuple(stop) or None)   # normalised once, at construction
+    def _checked_numbers(self) -> dict:
+        t_lo, t_hi = TEMPERATURE_RANGE
+        r_lo, r_hi = REPETITION_PENALTY_RANGE
+        pb = PENALTY_BOUND
+        top_k = as_int(self.top_k, "top_k", "-1 or 0 (off) or an integer >= 1")
+        check(top_k >= -1, "top_k", "-1 or 0 (off) or an integer >= 1", self.top_k)
+        check(isinstance(self.logprobs_mode, str) and self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode",
+              f"one of {LOGPROBS_MODES}", self.logprobs_mode)
+        return {
+            "temperature": _real(self.temperature, "temperature", t_lo, t_hi,
+                                 f"0 (greedy) or a number in [{t_lo:g}, {t_hi:g}]", or_zero=True),
+            "top_k": top_k,
+            "top_p": _real(self.top_p, "top_p", FP32_TINY, 1.0, "in (0, 1] (and >= 1.2e-38, fp32's smallest normal)"),
+            "min_p": _real(self.min_p, "min_p", FP32_TINY, 1.0,
+                           "in [0, 1] (0 = off; non-zero values >= 1.2e-38, fp32's smallest normal)", or_zero=True),
+            "seed": None if self.seed is None else as_int(self.seed, "seed", "None or an integer"),
+            "repetition_penalty": _real(self.repetition_penalty, "repetition_penalty", r_lo, r_hi,
+                                        f"in [{r_lo:g}, {r_hi:g}] (1 = off)"),
+            "frequency_penalty": _real(self.frequency_penalty, "frequency_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
+            "presence_penalty": _real(self.presence_penalty, "presence_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
+            "min_tokens": _int(self.min_tokens, "min_tokens", 0, "an integer >= 0"),
+            "max_tokens": _int(self.max_tokens, "max_tokens", 1, "an integer >= 1"),
+            "logprobs": None if self.logprobs is None else _int(self.logprobs, "logprobs", 0,
+                                                                  "None or an integer >= 0"),
+            "ignore_eos": as_bool(self.ignore_eos, "ignore_eos"),
+            "include_stop_str_in_output": as_bool(self.include_stop_str_in_output, "include_stop_str_in_output"),
+        }
 
-    def _validate_lists(self) -> None:
+    def _checked_containers(self) -> dict:
+        out = {}
         if self.logit_bias is not None:
-            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS,
-                   "logit_bias", f"a dict of at most {MAX_LOGIT_BIAS} entries", self.logit_bias)
-            for tok, bias in self.logit_bias.items():
-                _check(_is_token(tok), "logit_bias", "keyed by token ids >= 0", tok)
-                _check(_is_number(bias), "logit_bias", "finite float values", bias)
+            out["logit_bias"] = _frozen_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
-            _check(isinstance(self.allowed_token_ids, (list, tuple)) and len(self.allowed_token_ids) > 0,
-                   "allowed_token_ids", "a non-empty list of token ids", self.allowed_token_ids)
-            _check(all(_is_token(t) for t in self.allowed_token_ids), "allowed_token_ids",
-                   "token ids >= 0", self.allowed_token_ids)
+            out["allowed_token_ids"] = token_ids(self.allowed_token_ids, "allowed_token_ids",
+                                                 "a non-empty list of token ids >= 0", non_empty=True)
         if self.stop_token_ids is not None:
-            _check(isinstance(self.stop_token_ids, (list, tuple)) and all(_is_token(t) for t in self.stop_token_ids),
-                   "stop_token_ids", "a list of token ids >= 0", self.stop_token_ids)
+            out["stop_token_ids"] = token_ids(self.stop_token_ids, "stop_token_ids", "a list of token ids >= 0")
         if self.bad_words_token_ids is not None:
-            words = self.bad_words_token_ids
-            _check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS,
-                   "bad_words_token_ids", f"a list of at most {MAX_BAD_WORDS} sequences",
-                   len(words) if isinstance(words, (list, tuple)) else words)
-            for w in words:
-                _check(isinstance(w, (list, tuple)) and 1 <= len(w) <= MAX_BAD_WORD_LEN,
-                       "bad_words_token_ids", f"non-empty sequences of at most {MAX_BAD_WORD_LEN} tokens", w)
-                _check(all(_is_token(t) for t in w), "bad_words_token_ids", "token ids >= 0", w)
+            out["bad_words_token_ids"] = _frozen_bad_words(self.bad_words_token_ids)
+        if self.stop is not None:
+            out["stop"] = _frozen_stop(self.stop)
+        return out
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def validate_for_vocab(self, vocab_size: int, max_logprobs: int) -> None:
-        """The checks that need the sampler's vocabulary size and limits."""
+    def validate_for_vocab(self, vocab_size: int, max_logprobs: int) -> "SamplingParams":
+        """Check what needs the sampler's vocabulary size and limits; return the params to store.
+
+        The returned params equal these except that a `top_k >= vocab_size` (keep every token)
+        becomes -1 (off), so no code downstream ever sees a k larger than the vocabulary.
+        """
         def in_vocab(ids, field):
             bad = [t for t in ids if not 0 <= t < vocab_size]
-            _check(not bad, field, f"token ids in [0, {vocab_size})", bad[:5])
+            check(not bad, field, f"token ids in [0, {vocab_size})", bad[:5])
 
         if self.logit_bias:
             in_vocab(list(self.logit_bias), "logit_bias")
         if self.allowed_token_ids is not None:
-            _check(len(self.allowed_token_ids) <= vocab_size, "allowed_token_ids",
-                   f"at most vocab_size={vocab_size} ids", len(self.allowed_token_ids))
+            check(len(self.allowed_token_ids) <= vocab_size, "allowed_token_ids",
+                  f"at most vocab_size={vocab_size} ids", len(self.allowed_token_ids))
             in_vocab(self.allowed_token_ids, "allowed_token_ids")
         if self.stop_token_ids:
             in_vocab(self.stop_token_ids, "stop_token_ids")
         for w in self.bad_words_token_ids or ():
             in_vocab(w, "bad_words_token_ids")
         if self.logprobs is not None:
-            _check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}",
-                   self.logprobs)
+            check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}", self.logprobs)
+        if self.top_k >= vocab_size:
+            return dataclasses.replace(self, top_k=-1)
+        return self
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def _frozen_bias(bias) -> FrozenDict:
+    allowed = (f"a dict of at most {MAX_LOGIT_BIAS} entries {{token id >= 0: bias in "
+               f"[{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}]}}")
+    if not isinstance(bias, Mapping) or len(bias) > MAX_LOGIT_BIAS:
+        raise fail("logit_bias", allowed, bias if not isinstance(bias, Mapping) else f"{len(bias)} entries")
+    out = {}
+    for tok, b in bias.items():
+        tok = as_int(tok, "logit_bias", "keyed by token ids >= 0")
+        check(tok >= 0, "logit_bias", "keyed by token ids >= 0", tok)
+        out[tok] = _real(b, "logit_bias", -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND,
+                         f"{{token id: bias}} with biases in [{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}] "
+                         "(the OpenAI API's range)")
+    return FrozenDict(out)
 
 
-def _is_token(t) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+def _frozen_bad_words(words) -> tuple[tuple[int, ...], ...]:
+    allowed = f"a list of at most {MAX_BAD_WORDS} sequences"
+    if not isinstance(words, (list, tuple)) or len(words) > MAX_BAD_WORDS:
+        raise fail("bad_words_token_ids", allowed, len(words) if isinstance(words, (list, tuple)) else words)
+    seq_allowed = f"non-empty sequences of at most {MAX_BAD_WORD_LEN} token ids >= 0"
+    out = []
+    for w in words:
+        check(isinstance(w, (list, tuple)) and 1 <= len(w) <= MAX_BAD_WORD_LEN, "bad_words_token_ids",
+              seq_allowed, w)
+        out.append(token_ids(w, "bad_words_token_ids", seq_allowed))
+    return tuple(out)
+
+
+def _frozen_stop(stop) -> tuple[str, ...] | None:
+    """Stop strings as a tuple (matched by the detokenizing front end, never by the sampler)."""
+    if isinstance(stop, str):
+        stop = (stop,)
+    check(isinstance(stop, (list, tuple)) and len(stop) <= MAX_STOP_STRINGS, "stop",
+          f"a string or a list of at most {MAX_STOP_STRINGS} strings", stop)
+    for s in stop:
+        check(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_STRING_LEN, "stop",
+              f"non-empty strings of at most {MAX_STOP_STRING_LEN} characters", s)
+    return tuple(stop) or None

@@ -1,4 +1,5 @@
-"""A slow, obviously correct float64 reference of DESIGN.md section 2 (and spec decode).
+"""A slow, obviously correct float64 reference of the sampling semantics (docs/semantics.md),
+spec decode included.
 
 One row at a time, Python loops and full sorts, float64 throughout; it shares only the noise
 bits (`rng`) with the fast path. Tests hold every strategy to it.

@@ -1,4 +1,4 @@
-"""top-p as an exact threshold (DESIGN.md section 2, step 9).
+"""top-p as an exact threshold (step 9 of docs/semantics.md).
 
 v* = the smallest kept value with sum(e_j : l_j > v*) < p * S, with fixed-point integer masses
 e (see filters.py), so v* is one well-defined number however the row is split. Three exact ways

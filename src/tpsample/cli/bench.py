@@ -1,0 +1,181 @@
+"""`tpsample bench sampler | kernels | engine`: the benchmarks' options and their checks.
+
+The benchmarks themselves live in `tpsample.bench.sampler`, `tpsample.bench.kernels` and
+`tpsample.engine.bench_engine`; each prints a table and ends with one JSON line. Everything a
+run could trip over late (no CUDA, an unwritable plot path, a TP size the model cannot split)
+is checked here first.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from .args import (UsageError, check_device, check_gpus_for_ranks, check_tp_splits, check_writable_file,
+                   csv_choices, csv_ints, int_at_least, read_model_config)
+from .engine_opts import DTYPES
+
+STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+# The random model bench engine builds when --model is not given (engine.bench_engine).
+BUILTIN_MODEL = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: a table for people, then one JSON line",
+                           description="Benchmarks. Each prints a table and ends with one JSON line.")
+    what = bench.add_subparsers(dest="what", required=True, metavar="BENCH")
+    _sampler_parser(what)
+    _kernels_parser(what)
+    _engine_parser(what)
+    _serve_parser(what)
+
+
+def _sampler_parser(what) -> None:
+    p = what.add_parser("sampler", help="strategies x TP x rows x vocab: latency, memory, bytes moved")
+    p.add_argument("--tp", metavar="N", type=int_at_least(1), nargs="+", default=[1, 2, 4],
+                   help="TP sizes (local processes)")
+    p.add_argument("--rows", metavar="N", type=int_at_least(1), nargs="+", default=[8, 64], help="logits rows per step")
+    p.add_argument("--vocab", metavar="V", type=int_at_least(1), nargs="+", default=[32000, 151936],
+                   help="vocabulary sizes (tokens)")
+    p.add_argument("--strategies", metavar="NAME", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                   help=f"strategies to run, from {', '.join(STRATEGIES)}")
+    p.add_argument("--steps", metavar="N", type=int_at_least(1), default=3,
+                   help="timed steps per case (after one warm-up step)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the logits live")
+    p.add_argument("--plot", metavar="PATH", default="bench_sampler.png", help="PNG path for the plot ('' to skip)")
+    p.add_argument("--compare", action="store_true",
+                   help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
+                        "call as an engine sees it (uses --rows, the first --vocab, --steps as iterations)")
+    p.set_defaults(check=_check_sampler, run=_run_sampler)
+
+
+def _check_sampler(args) -> None:
+    if args.compare:
+        check_device("cuda", "--compare")
+        return
+    check_device(args.device)
+    if args.plot:
+        check_writable_file(args.plot, "--plot")
+
+
+def _run_sampler(args) -> int:
+    from ..bench import sampler
+
+    sampler.main(args)
+    return 0
+
+
+def _kernels_parser(what) -> None:
+    p = what.add_parser("kernels", help="the Triton kernels against torch and FlashInfer (needs CUDA)")
+    p.add_argument("--rows", metavar="N", type=int_at_least(1), nargs="+", default=[1, 32, 256, 1024],
+                   help="rows per call")
+    p.add_argument("--vocab", metavar="V", type=int_at_least(1), nargs="+", default=[32000, 151936],
+                   help="vocabulary sizes (tokens)")
+    p.add_argument("--dtypes", metavar="DTYPE", nargs="+", default=None,
+                   help="logits dtypes: fp32 bf16 (default: all)")
+    p.add_argument("--shapes", nargs="+", choices=["randn", "zipf"], default=["randn", "zipf"],
+                   help="logit shapes: randn x 3, or a peaked Zipf-like row")
+    p.add_argument("--configs", metavar="NAME", nargs="+", default=None,
+                   help="sampling configurations: greedy temperature topk50_topp0.9 topp0.9 minp0.05 logprobs5 "
+                        "(default: all)")
+    p.add_argument("--iters", metavar="N", type=int_at_least(1), default=20, help="timed calls per case")
+    p.add_argument("--warmup", metavar="N", type=int_at_least(0), default=3, help="untimed calls per case first")
+    p.add_argument("--quick", action="store_true", help="rows 1 and 256, vocab 151,936, fp32 only")
+    p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="also report the kernels' device time alone (torch.profiler; on with --quick)")
+    p.add_argument("--device", metavar="DEVICE", default="cuda", help="a CUDA device: cuda or cuda:N")
+    p.set_defaults(check=_check_kernels, run=_run_kernels)
+
+
+def _check_kernels(args) -> None:
+    if not args.device.startswith("cuda"):
+        raise UsageError(f"bench kernels needs a CUDA device, got --device {args.device}")
+    check_device(args.device)
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("bench kernels needs triton (pip install triton)")
+    from ..bench.kernels import CONFIGS, DTYPES as KERNEL_DTYPES
+
+    for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES)):
+        bad = [x for x in given or () if x not in known]
+        if bad:
+            raise UsageError(f"{option}: unknown {bad[0]!r}; choose from {', '.join(known)}")
+    args.configs = list(args.configs or CONFIGS)
+    args.dtypes = list(args.dtypes or KERNEL_DTYPES)
+
+
+def _run_kernels(args) -> int:
+    from ..bench import kernels
+
+    kernels.run_bench_kernels(args)
+    return 0
+
+
+def _engine_parser(what) -> None:
+    from ..engine.bench_presets import PRESETS
+
+    p = what.add_parser("engine", help="engine throughput and latency per strategy, or a realistic preset")
+    p.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="a realistic shape with random weights (docs/engine.md); --tp / --strategies override the "
+                        "preset's, the sweep options are ignored (default: none, the sweep)")
+    p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time transformers' generate on the same GPU and batch (default: the preset's)")
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="local HF checkpoint folder (default: a random Qwen2-shaped model, V = 151,936)")
+    p.add_argument("--tp", metavar="N", type=int_at_least(1), default=None,
+                   help="tensor-parallel ranks, one process each (default: 2, or the preset's)")
+    p.add_argument("--strategies", metavar="NAMES", type=csv_choices(STRATEGIES), default=None,
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all, or the preset's)")
+    p.add_argument("--batch-sizes", metavar="LIST", type=csv_ints(1), default=[1, 8, 32],
+                   help="comma-separated requests per run (default: 1,8,32)")
+    p.add_argument("--prompt-len", metavar="TOKENS", type=int_at_least(1), default=32,
+                   help="prompt tokens per request")
+    p.add_argument("--max-tokens", metavar="TOKENS", type=int_at_least(1), default=32,
+                   help="output tokens per request")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda when there is one GPU per rank, else cpu")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: float32)")
+    p.add_argument("--kv-cache-tokens", metavar="TOKENS", type=int_at_least(1), default=None,
+                   help="fix the KV cache capacity, in tokens (default: sized from memory)")
+    p.add_argument("--memory-mib", metavar="MIB", type=int_at_least(1), default=1024,
+                   help="per-rank memory budget on CPU that sizes the KV cache, in MiB")
+    p.add_argument("--plot", metavar="PATH", default="bench_engine.png", help="PNG path for the plot")
+    p.set_defaults(check=_check_engine, run=_run_engine)
+
+
+def _check_engine(args) -> None:
+    if args.preset is not None:
+        from ..engine.bench_presets import PRESETS
+
+        preset = PRESETS[args.preset]
+        args.tp = args.tp or preset.tp
+        check_gpus_for_ranks(args.device, args.tp)
+        check_tp_splits(preset.shape, args.tp, f"preset {args.preset}")
+        return
+    args.tp, args.strategies = args.tp or 2, args.strategies or list(STRATEGIES)
+    check_writable_file(args.plot, "--plot")
+    check_gpus_for_ranks(args.device, args.tp)
+    config = read_model_config(args.model) if args.model is not None else BUILTIN_MODEL
+    check_tp_splits(config, args.tp, args.model or "the built-in model")
+
+
+def _run_engine(args) -> int:
+    from ..engine.bench_engine import run_bench, run_preset
+    from ..term import phase
+
+    if args.preset is not None:           # run_preset shows its own progress
+        run_preset(args.preset, strategies=args.strategies, device=args.device, hf_reference=args.hf_reference,
+                   tp=args.tp)
+        return 0
+    with phase(f"bench engine: {len(args.strategies)} strategies x batch sizes {args.batch_sizes} at TP={args.tp}"):
+        run_bench(model=args.model, tp=args.tp, strategies=args.strategies, batch_sizes=args.batch_sizes,
+                  device=args.device, dtype=args.dtype, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
+                  kv_cache_tokens=args.kv_cache_tokens, cpu_memory_bytes=args.memory_mib << 20, plot=args.plot)
+    return 0
+
+
+def _serve_parser(what) -> None:
+    from ..serve import commands
+
+    p = what.add_parser("serve", help="concurrent clients against the server: requests/s, TTFT and TPOT percentiles")
+    commands.add_bench_serve_args(p)
+    p.set_defaults(check=lambda args: None, run=lambda args: commands.run_bench_serve(args) and 0)

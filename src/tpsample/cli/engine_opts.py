@@ -1,0 +1,75 @@
+"""Option groups shared by the commands that run the engine on a checkpoint (generate, and
+any command serving a model): the engine's options, the sampling options, and their checks.
+
+`add_engine_args(p)` / `check_engine_args(args)` / `llm_from_args(args)`;
+`add_sampling_args(p)` / `sampling_params_from_args(args, vocab_size)`.
+"""
+from __future__ import annotations
+
+from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
+
+STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def add_engine_args(p, *, model_required: bool = True) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", metavar="DIR", required=model_required, default=None,
+                   help="local HF checkpoint folder (config.json + *.safetensors [+ tokenizer files])"
+                        + ("" if model_required else "; default: SmolLM2-135M-Instruct, fetched once"))
+    g.add_argument("--tp", metavar="N", type=int_at_least(1), default=1,
+                   help="tensor-parallel ranks (one process each)")
+    g.add_argument("--strategy", choices=STRATEGIES, default="auto", help="sampling strategy across ranks")
+    g.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda when there is one GPU per rank, else cpu")
+    g.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: the checkpoint's)")
+    g.add_argument("--max-num-seqs", metavar="N", type=int_at_least(1), default=256, help="requests running at once")
+    g.add_argument("--max-model-len", metavar="TOKENS", type=int_at_least(1), default=None,
+                   help="prompt + output tokens per request (default: the model's, capped by the KV cache)")
+    g.add_argument("--kv-cache-tokens", metavar="TOKENS", type=int_at_least(1), default=None,
+                   help="fix the KV cache capacity, in tokens (default: sized from free memory)")
+    g.add_argument("--speculative-ngram", metavar="N", type=int_at_least(1), default=None,
+                   help="n-gram draft tokens per step (default: no speculative decoding)")
+
+
+def check_engine_args(args) -> dict:
+    """Checks before anything starts; returns the checkpoint's config.json."""
+    config = read_model_config(args.model)
+    check_tp_splits(config, args.tp, args.model)
+    check_gpus_for_ranks(args.device, args.tp)
+    return config
+
+
+def llm_from_args(args):
+    from ..llm import LLM
+
+    return LLM(args.model, tensor_parallel_size=args.tp, strategy=args.strategy, device=args.device,
+               dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+               speculative_ngram=args.speculative_ngram, kv_cache_tokens=args.kv_cache_tokens)
+
+
+def add_sampling_args(p) -> None:
+    g = p.add_argument_group("sampling (ranges as tpsample.SamplingParams)")
+    g.add_argument("--max-tokens", metavar="N", type=int_at_least(1), default=64,
+                   help="output tokens per prompt, at most")
+    g.add_argument("--temperature", metavar="T", type=real, default=1.0, help="0 = greedy, else in [1e-6, 1e6]")
+    g.add_argument("--top-k", metavar="K", type=int, default=-1, help="keep the k most likely tokens (-1 or 0: off)")
+    g.add_argument("--top-p", metavar="P", type=real, default=1.0, help="nucleus mass in (0, 1] (1: off)")
+    g.add_argument("--min-p", metavar="P", type=real, default=0.0,
+                   help="drop tokens below min_p x the top token's probability (0: off)")
+    g.add_argument("--seed", metavar="N", type=int, default=None, help="request seed (default: drawn once per request)")
+    g.add_argument("--logprobs", metavar="N", type=int_at_least(0), default=None,
+                   help="top-n logprobs per token, n <= 20 (default: none)")
+
+
+def sampling_params_from_args(args, vocab_size: int):
+    """SamplingParams from the options (ValueError naming the field for a bad value)."""
+    from ..sampling.params import SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            seed=args.seed, logprobs=args.logprobs, max_tokens=args.max_tokens,
+                            stop=getattr(args, "stop", None))
+    from ..engine.config import EngineConfig
+
+    max_logprobs = EngineConfig.__dataclass_fields__["max_logprobs"].default
+    return params.validate_for_vocab(vocab_size, max_logprobs)
