@@ -64,7 +64,8 @@ def mistakes(m):
         gen + ["--prompt-ids", "1", "--regex", "a+"],                    # structured output needs a tokenizer
         gen + ["--prompt-ids", "1", "--tp", "0"], gen + ["--prompt-ids", "1", "--tp", "3"],
         gen + ["--prompt-ids", "1", "--max-tokens", "0"], gen + ["--prompt-ids", "1", "--strategy", "fast"],
-        ["demo", "--tp", "0"], ["demo", "--tp", "3"], ["demo", "--engine-requests", "0"],
+        ["demo", "--tp", "0"], ["demo", "--engine-tp", "2"], ["demo", "--engine-tp", "1,0"],
+        ["demo", "--engine-max-tokens", "0"],
         ["demo", "--engine-model", m["root"] + "/missing"], ["demo", "--part", "everything"],
         ["bench", "sampler", "--steps", "0"], ["bench", "sampler", "--tp", "0", "2"],
         ["bench", "sampler", "--plot", m["root"] + "/missing/plot.png"], ["bench", "sampler", "--plot", m["root"]],
@@ -134,10 +135,9 @@ def test_every_option_has_help_that_states_its_default():
 def test_tables_fit_80_columns(monkeypatch, capsys):
     from tpsample.engine import bench_engine, demo_engine
     monkeypatch.setenv("COLUMNS", "80")
-    res = {s: {"tokens": [[1, 2]], "sampler_peak_bytes": [123 << 20, 123 << 20], "kv_blocks": 12345,
-               "kv_bound_concurrency": 1234, "max_running": 128, "tokens_per_s": 12345.0}
-           for s in demo_engine.STRATEGIES}
-    demo_engine.print_table(res, 2)
+    res = [{"tp": tp, "strategy": s, "tokens": [[1, 2]], "texts": ["Paris." * 30] * len(demo_engine.CHATS),
+            "sampler_peak_bytes": [123 << 20] * tp, "seconds": 12.3} for tp in (1, 3) for s in demo_engine.STRATEGIES]
+    demo_engine.print_results(res, "SmolLM2-135M-Instruct")
     bench_engine.print_table([{"strategy": s, "batch": 256, "tokens_per_s": 12345.6, "ttft_ms": 1234.5,
                                "tpot_ms": 123.4, "sampler_peak_bytes": [123 << 20] * 2, "kv_blocks": 12345}
                               for s in demo_engine.STRATEGIES], 2)

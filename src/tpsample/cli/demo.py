@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from .args import check_device, check_gpus_for_ranks, check_tp_splits, csv_ints, int_at_least, read_model_config
 
+# SmolLM2-135M-Instruct's shape (the default engine model; its offline stand-in splits alike)
+DEFAULT_MODEL = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="every strategy on one mixed batch, then real chat answers at TP=1 and TP=3",
@@ -31,10 +34,11 @@ def register(sub) -> None:
 def check(args) -> None:
     check_device(args.device)
     if args.part in ("all", "engine"):
+        config = (read_model_config(args.engine_model, "--engine-model") if args.engine_model is not None
+                  else DEFAULT_MODEL)
         for tp in args.engine_tp or [1]:
             check_gpus_for_ranks(args.device, tp)
-            if args.engine_model is not None:
-                check_tp_splits(read_model_config(args.engine_model, "--engine-model"), tp, args.engine_model)
+            check_tp_splits(config, tp, args.engine_model or "the default model (SmolLM2-135M-Instruct)")
 
 
 def run(args) -> int:

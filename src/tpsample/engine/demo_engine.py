@@ -39,23 +39,25 @@ def run_one(folder: str, tp: int, strategy: str, *, max_tokens: int, device: str
         outs = llm.chat([[{"role": "user", "content": q}] for q, _ in CHATS], params)
         info = llm.info
     return {"tp": tp, "strategy": strategy, "tokens": [o.output_token_ids for o in outs],
-            "texts": [o.text.strip() + (" ..." if o.finish_reason == "length" else "") for o in outs], "sampler_peak_bytes": list(info.sampler_peak_bytes),
+            "texts": [o.text.strip() + (" ..." if o.finish_reason == "length" else "") for o in outs],
+            "sampler_peak_bytes": list(info.sampler_peak_bytes),
             "kv_tokens": info.kv_tokens, "seconds": time.perf_counter() - start}
 
 
-def _show(console, results: list[dict], what: str) -> None:
-    from rich.table import Table
+def print_results(results: list[dict], what: str, console=None) -> None:
+    """The answers (from the first run) and one table row per (TP size, strategy), sized to the terminal."""
     from rich.text import Text
 
+    from tpsample.term import console as make_console, table as make_table
+
+    console = console or make_console()
     first = results[0]
     console.print(f"\n[bold]{what}[/bold] answers (identical in every run below):")
     for (q, kw), text in zip(CHATS, first["texts"]):
         how = "greedy" if not kw.get("temperature") else f"T={kw['temperature']}, seed {kw['seed']}"
         console.print(Text.assemble(("Q", "cyan"), f" ({how}): {q}\n", ("A", "green"), f": {text}"))
-    table = Table(title="the same chat requests, one engine per row")
-    for col, just in (("TP", "right"), ("strategy", "left"), ("same tokens", "center"),
-                      ("sampling MiB / rank", "right"), ("s", "right")):
-        table.add_column(col, justify=just, overflow="fold")
+    table = make_table("the same chat requests, one engine per row",
+                       ["TP", "strategy", "same\ntokens", "sampling\nMiB / rank", "s"], left=("strategy",))
     for r in results:
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
         table.add_row(str(r["tp"]), r["strategy"], "yes" if r["tokens"] == first["tokens"] else "NO", peaks,
@@ -94,7 +96,7 @@ def run_demo(*, model: str | None = None, tp_sizes: list[int] | None = None, dev
                 bar.advance(task)
     finally:
         torch.set_num_threads(threads)
-    _show(console, results, what)
+    print_results(results, what, console)
     last_tp = sizes[-1]
     return {"model": what, "tp_sizes": sizes, "identical": all(r["tokens"] == results[0]["tokens"] for r in results),
             "num_tokens": sum(len(t) for t in results[0]["tokens"]),

@@ -65,7 +65,8 @@ def add_serve_args(p) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     p.add_argument("--max-pending", type=int, default=None,
                    help="requests in flight before answering 429 (default: 4 x --max-num-seqs)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server's log level (default: info)")
 
 
 def run_serve(args) -> int:
@@ -98,7 +99,7 @@ def run_serve(args) -> int:
 # -- chat -------------------------------------------------------------------------------------
 def add_chat_args(p) -> None:
     add_model_args(p)
-    p.add_argument("--system", default=None, help="a system message to start the conversation with")
+    p.add_argument("--system", default=None, help="a system message to start the conversation with (default: none)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7; 0 = greedy)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (default: 0.9)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (default: 256)")
@@ -141,7 +142,7 @@ def run_chat(args) -> int:
 def add_bench_serve_args(p) -> None:
     add_model_args(p, positional=False)
     p.add_argument("--model", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--url", default=None, help="benchmark a running server instead (e.g. http://127.0.0.1:8000)")
+    p.add_argument("--url", default=None, help="benchmark a running server instead, e.g. http://127.0.0.1:8000 (default: start one)")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (default: 8)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds to keep sending (default: 20)")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per answer (default: 32)")
