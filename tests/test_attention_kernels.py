@@ -179,7 +179,7 @@ def test_model_logits_through_the_kernels_equal_the_torch_path_over_prefill_chun
     logits = {}
     for path in ("torch", "kernels"):
         dev = device if path == "kernels" else "cpu"
-        model = load_model(folder, TPGroup(), dtype=torch.float32, device=dev)
+        model = load_model(folder, TPGroup.of(None), dtype=torch.float32, device=dev)
         allocate_kv(model, 32, PAGE, torch.float32, dev)
         steps = [([p[:6] for p in prompts]), ([p[6:] for p in prompts]), [[7], [8]], [[9], [10]]]
         done, out = [0, 0], []

@@ -120,7 +120,7 @@ with LLM(folder, tensor_parallel_size=2, dtype="float32", kv_cache_tokens=1024, 
 
 
 def test_torchrun_ranks_all_return_the_tp1_outputs_and_share_value_errors(folder, tmp_path):
-    from tpsample.engine.launch import free_port
+    from tpsample.parallel.launch import free_port
 
     script = tmp_path / "spmd.py"
     script.write_text(SPMD_SCRIPT)

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 import transformers
 
 import tpsample
-from tpsample.engine.launch import free_port
+from tpsample.parallel.launch import free_port
 from tpsample.engine.toy import make_random_checkpoint
 from tpsample.model import ModelConfig, TPGroup, build_attention_metadata, load_model
 
@@ -57,7 +57,7 @@ def _rank_main(rank: int, port: int, folders: dict, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
-    group = TPGroup(dist.new_group([0, 1]))
+    group = TPGroup.of(dist.new_group([0, 1]))
     for name, folder in folders.items():
         torch.save(_local_logits(folder, group), f"{out_dir}/{name}_rank{rank}.pt")
     dist.destroy_process_group()
@@ -70,7 +70,7 @@ def _assert_close(ours: torch.Tensor, folder: str) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_transformers_at_tp1(checkpoints, name):
-    _assert_close(_local_logits(checkpoints[name], TPGroup()), checkpoints[name])
+    _assert_close(_local_logits(checkpoints[name], TPGroup.of(None)), checkpoints[name])
 
 
 def test_logits_match_transformers_at_tp2_with_each_rank_holding_its_vocab_shard(checkpoints, tmp_path):
@@ -91,7 +91,7 @@ def test_rope_scaling_changes_logits(checkpoints, name, tmp_path):
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(config))
     shutil.copy(Path(checkpoints[name]) / "model.safetensors", tmp_path / "model.safetensors")
-    plain = _local_logits(str(tmp_path), TPGroup())
+    plain = _local_logits(str(tmp_path), TPGroup.of(None))
     ref = torch.cat(_reference_logits(checkpoints[name]))
     assert (plain - ref).abs().max() > 1e-3
 
@@ -108,7 +108,7 @@ def test_config_rejects_unsupported_architectures():
 def test_half_precision_logits_match_transformers_in_the_same_dtype(checkpoints, dtype):
     folder = checkpoints["qwen2_tied"]
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    model = load_model(folder, TPGroup(), dtype=dtype)
+    model = load_model(folder, TPGroup.of(None), dtype=dtype)
     n = len(PROMPTS[0])
     with torch.no_grad():
         expected = ref(torch.tensor(PROMPTS[:1])).logits[0]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from .parallel import names
 from .sampling.params import SamplingParams
 
 DEMO_VOCAB = 151_936
-STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+STRATEGIES = names.REPORT_ORDER
 
 
 def demo_params(vocab: int) -> list[tuple[str, SamplingParams]]:
@@ -55,7 +56,8 @@ def _all_strategies(group, vocab, steps, device):
 
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
     from .parallel.launch import spawn_ranks
-    from .term import console as make_console, table as make_table
+    from .term import console as make_console
+    from .term import table as make_table
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     console = make_console()

@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .parallel import auto
+from .parallel import auto, names
 from .parallel.batch_sharded import BatchSharded
 from .parallel.collectives import Collectives
 from .parallel.common import StepContext
@@ -50,7 +50,7 @@ from .validation import (
 )
 
 STRATEGIES = {s.name: s for s in (Replicated(), BatchSharded(), VocabParallel())}
-STRATEGY_NAMES = ("auto", *STRATEGIES)
+STRATEGY_NAMES = names.ALL
 _UIDS = itertools.count(1)
 
 

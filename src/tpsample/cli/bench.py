@@ -10,11 +10,21 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from .args import (UsageError, check_device, check_gpus_for_ranks, check_tp_splits, check_writable_file,
-                   csv_choices, csv_ints, int_at_least, read_model_config)
+from ..parallel import names
+from .args import (
+    UsageError,
+    check_device,
+    check_gpus_for_ranks,
+    check_tp_splits,
+    check_writable_file,
+    csv_choices,
+    csv_ints,
+    int_at_least,
+    read_model_config,
+)
 from .engine_opts import DTYPES
 
-STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+STRATEGIES = names.REPORT_ORDER
 # The random model bench engine builds when --model is not given (engine.bench_engine).
 BUILTIN_MODEL = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
 
@@ -93,7 +103,8 @@ def _check_kernels(args) -> None:
     check_device(args.device)
     if importlib.util.find_spec("triton") is None:
         raise UsageError("bench kernels needs triton (pip install triton)")
-    from ..bench.kernels import CONFIGS, DTYPES as KERNEL_DTYPES
+    from ..bench.kernels import CONFIGS
+    from ..bench.kernels import DTYPES as KERNEL_DTYPES
 
     for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES)):
         bad = [x for x in given or () if x not in known]

@@ -6,9 +6,10 @@ any command serving a model): the engine's options, the sampling options, and th
 """
 from __future__ import annotations
 
+from ..parallel import names
 from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
 
-STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
+STRATEGIES = names.ALL
 DTYPES = ("float32", "float16", "bfloat16")
 
 

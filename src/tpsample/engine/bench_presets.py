@@ -17,6 +17,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from tpsample.parallel import names
+
 NOMINAL_HBM_BYTES_PER_S = 4.8e12      # H200 datasheet
 
 QWEN2_15B = dict(vocab_size=151_936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
@@ -47,10 +49,10 @@ PRESETS = {
     "qwen2-7b": Preset(shape=QWEN2_7B),
     "kv-bound": Preset(shape=QWEN2_7B, tp=2, num_requests=256, prompt_len=2048, max_tokens=128,
                        headroom_bytes=6 << 30, hf_reference=False,
-                       strategies=("replicated", "batch_sharded", "vocab_parallel", "auto")),
+                       strategies=names.REPORT_ORDER),
     "tiny-kv-bound": Preset(shape=TINY, tp=2, num_requests=12, prompt_len=100, max_tokens=6, dtype="float32",
                             cpu_memory_bytes=5 << 20, hf_reference=False,
-                            strategies=("replicated", "batch_sharded", "vocab_parallel"),
+                            strategies=names.FIXED,
                             engine_options=dict(max_num_batched_tokens=256)),
 }
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STRATEGIES = ("auto", "replicated", "batch_sharded", "vocab_parallel")
+from tpsample.parallel import names
+
+STRATEGIES = names.ALL
 DEVICES = ("cpu", "cuda")
 LOAD_FORMATS = ("safetensors", "dummy")
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
-STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+from tpsample.parallel import names
+
+STRATEGIES = names.REPORT_ORDER
 CHATS = [("What is the capital of France?", dict(temperature=0.0)),
          ("Name three primary colors.", dict(temperature=0.0)),
          ("What is 2 + 2?", dict(temperature=0.0)),
@@ -48,7 +50,8 @@ def print_results(results: list[dict], what: str, console=None) -> None:
     """The answers (from the first run) and one table row per (TP size, strategy), sized to the terminal."""
     from rich.text import Text
 
-    from tpsample.term import console as make_console, table as make_table
+    from tpsample.term import console as make_console
+    from tpsample.term import table as make_table
 
     console = console or make_console()
     first = results[0]

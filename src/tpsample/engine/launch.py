@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.engine import Engine
-from tpsample.engine.step import StepChannel
 from tpsample.engine.runner import ModelRunner
+from tpsample.engine.step import StepChannel
 from tpsample.engine.tokenizer import generation_eos_ids, make_grammar_backend
-
-
-def free_port() -> int:
-    """A TCP port free right now on this host (found at run time, never hard-coded)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def resolve_device(cfg: EngineConfig) -> str:

@@ -22,7 +22,8 @@ import torch.multiprocessing as mp
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.core import WorkerClient, serve_core
 from tpsample.engine.engine import follow
-from tpsample.engine.launch import build_engine, build_rank, free_port, init_groups, rank_device, resolve_device
+from tpsample.engine.launch import build_engine, build_rank, init_groups, rank_device, resolve_device
+from tpsample.parallel.launch import free_port
 
 
 def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:

@@ -44,7 +44,7 @@ class ModelRunner:
     def __init__(self, cfg: EngineConfig, *, process_group=None, device: torch.device | str = "cpu"):
         self.cfg = cfg
         self.device = torch.device(device)
-        self.group = TPGroup(process_group)
+        self.group = TPGroup.of(process_group)
         self.model_config = ModelConfig.from_folder(cfg.model)
         self.dtype = resolve_dtype(cfg.dtype, self.model_config)
         self.model = load_model(cfg.model, self.group, dtype=self.dtype, device=self.device,

@@ -17,27 +17,10 @@ its own collective in its own `forward`:
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-
-class TPGroup:
-    """A tensor-parallel group: rank, size and an all-reduce that is a no-op at size 1."""
-
-    def __init__(self, group: dist.ProcessGroup | None = None):
-        self.group = group
-        self.rank = 0 if group is None else dist.get_rank(group)
-        self.size = 1 if group is None else dist.get_world_size(group)
-
-    def all_reduce(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        """In place; returns x. A no-op at size 1."""
-        if self.size > 1:
-            dist.all_reduce(x, op=op, group=self.group)
-        return x
-
-    def __repr__(self) -> str:
-        return f"TPGroup(rank={self.rank}, size={self.size})"
+from tpsample.parallel.group import TPGroup  # noqa: F401  (the one TP group type; re-exported)
 
 
 def shard_range(num_units: int, tp_size: int, rank: int) -> tuple[int, int]:

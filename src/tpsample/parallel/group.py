@@ -31,6 +31,24 @@ class TPGroup:
             group = dist.group.WORLD
         return TPGroup(group, dist.get_rank(group), dist.get_world_size(group), timeout_s)
 
+    @staticmethod
+    def of(pg=None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "TPGroup":
+        """Exactly this ProcessGroup (None: TP=1), never the implicit default group."""
+        if pg is None:
+            return TPGroup(None, 0, 1, timeout_s)
+        return TPGroup(pg, dist.get_rank(pg), dist.get_world_size(pg), timeout_s)
+
+    @property
+    def group(self):
+        """The torch.distributed ProcessGroup (None at TP=1)."""
+        return self.pg
+
+    def all_reduce(self, x, op=None):
+        """In place on x, returned; a no-op at size 1 (the model layers' one collective)."""
+        if self.size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM if op is None else op, group=self.pg)
+        return x
+
     @property
     def timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_s)
