@@ -55,6 +55,9 @@ class StepStats:
     peak_bytes: int           # sampler memory above its inputs (CUDA: allocator peak when
                               # profile_memory, else counted; CPU: counted)
     local_logits_bytes: int
+    num_rounds: int = 0       # collectives the strategy issued this step (num_collectives also
+                              # counts the plan check when the plan is new)
+    exact_rows: int = 0       # vocab_parallel rows that took the exact top-p path (extra rounds)
 
 
 class Sampler:
@@ -192,7 +195,9 @@ class Sampler:
         ctx = StepContext(store, self.vocab_size, self.col_start, self.col_end, comm,
                           draft_probs=draft_probs, inplace=self.inplace_logits)
         base = self._start_profile(dev)
+        before = comm.stats.num_collectives
         result = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
+        rounds = comm.stats.num_collectives - before
         m = plan.max_rows
         slots_dev = plan.device_array("slots", plan.slots, dev)
         store.append(slots_dev, result.block[:, :m], result.block[:, m], append_kernel(dev))
@@ -200,7 +205,7 @@ class Sampler:
         peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
         self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
                                     comm.stats.num_collectives, int(peak),
-                                    local_logits.numel() * local_logits.element_size())
+                                    local_logits.numel() * local_logits.element_size(), rounds, ctx.exact_rows)
         return SamplerOutput(result.block, m, result.logprobs)
 
     def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
