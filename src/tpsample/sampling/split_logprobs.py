@@ -4,8 +4,7 @@ The winners gather carries, with each local winner, its value in the row's logpr
 processed), so after it every rank knows v_x, the emitted token's value. One more gather then
 sends per logprob row: the part's max and fp64 sum-exp relative to it (log-sum-exp), the count of
 its values strictly above v_x (the rank), and its top-n as (value, id) with ties -> lower id.
-The top-n is found without a host read: torch.topk over an int64 key (order key of the value,
-then the reversed column) orders by value descending, id ascending.
+The local top-n (logprobs.local_top_n) needs no host read.
 """
 from __future__ import annotations
 
@@ -13,12 +12,9 @@ from typing import Optional
 
 import torch
 
-from ..numerics import NEG_INF, order_key
-from .filters import row_chunks
-from .logprobs import finite_logprobs, sort_value_desc_id_asc
+from ..numerics import NEG_INF
+from .logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
 from .packing import Packet
-
-_LOW31 = (1 << 31) - 1
 
 
 class LpRows:
@@ -59,22 +55,6 @@ class LpRows:
             yield self.raw_rows, self.raw
         if self.proc_rows is not None:
             yield self.proc_rows, self.l.index_select(0, self.proc_rows)
-
-
-def local_top_n(l: torch.Tensor, n: int, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-n (value desc, id asc) of the local columns, padded with (-inf, -1); no host read."""
-    rows, cols = l.shape
-    vals = torch.full((rows, n), NEG_INF, device=l.device)
-    ids = torch.full((rows, n), -1, dtype=torch.int64, device=l.device)
-    k = min(n, cols)
-    if k == 0:
-        return vals, ids
-    rev = _LOW31 - torch.arange(cols, device=l.device)
-    for s, t in row_chunks(rows, cols, l.device):
-        key = (order_key(l[s:t]) << 31) | rev
-        c = _LOW31 - (torch.topk(key, k, dim=1).values & _LOW31)
-        vals[s:t, :k], ids[s:t, :k] = l[s:t].gather(1, c), c + col_start
-    return vals, ids
 
 
 def logprob_round(lp: LpRows, emitted: torch.Tensor, vx: torch.Tensor, num_logprobs: torch.Tensor,
