@@ -191,3 +191,41 @@ def test_split_rounds_give_the_full_row_tokens(vocab, tp, params, data_seed, tie
     exact = parts[0].exact_rows
     assert all(p.exact_rows == exact for p in parts)
     assert calls[0] <= 3 + (5 if exact else 0)
+
+
+def test_split_top_p_counts_ties_beyond_the_candidates():
+    """top-k + top-p where the k-th value ties with far more tokens than any part sends: the
+    unseen ties carry most of the kept mass, so top-p must count them (a part sends k + 1 values)."""
+    vocab, n = 200, 16
+    x = torch.full((n, vocab), -5.0)
+    x[:, 0] = 2.0
+    x[:, 1:100] = 0.0                                    # 99 ties at the 3rd value
+    params = [SamplingParams(temperature=1.0, top_k=3, top_p=0.5, seed=i) for i in range(n)]
+    batch = _batch(params, vocab)
+    full = sample_rows(x, 0, batch, LocalRows())
+    assert (full.emitted != 0).sum() > n // 2           # the ties are kept, and usually drawn
+    for tp in (2, 3):
+        parts, calls = run_split_rounds(x, batch, tp)
+        for part in parts:
+            assert_same_rows(part, full)
+        assert calls[0] == 2
+
+
+def test_split_top_p_undecided_crossing_takes_the_exact_path():
+    """Two tokens 0.0005 apart share the sub-bin where top-p crosses: the upper one is kept, the
+    lower one dropped. When the lower one has the better draw score the row cannot be decided from
+    the round-2 summaries; it must take the exact path and still emit the upper one (or another
+    kept token), exactly as the full row does."""
+    vocab, n = 64, 24
+    x = torch.full((n, vocab), -30.0)
+    x[:, 10] = 0.05
+    x[:, 40] = 0.0495                   # the other part at TP = 2; one 1/256-nat sub-bin holds both
+    params = [SamplingParams(temperature=1.0, top_p=0.5, seed=1000 + i) for i in range(n)]
+    batch = _batch(params, vocab)
+    full = sample_rows(x, 0, batch, LocalRows())
+    assert (full.emitted == 10).all()                    # only the upper token is kept
+    parts, _ = run_split_rounds(x, batch, 2)
+    for part in parts:
+        assert_same_rows(part, full)
+    # about half the seeds put the dropped token ahead in the draw: those rows went exact
+    assert 0 < parts[0].exact_rows < n
