@@ -33,7 +33,6 @@ class RowNeeds:
     num_top: int               # values per part in the summary (C)
     min_p: bool                # some row uses min-p
     ties: bool                 # some row uses top-k and top-p: send tie counts
-    topk_p: np.ndarray         # rows with top-k and top-p: v* from the candidates
     band: np.ndarray           # rows with top-p and no top-k: the band method
     summary: bool              # round 1 runs
 
@@ -47,7 +46,7 @@ class RowNeeds:
         k_max = int(h.top_k.max()) if b.num_rows else 0
         min_p = bool((sampled & (h.min_p > 0)).any())
         need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0)
-        return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, topk_p, band, need)
+        return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need)
 
 
 def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows) -> dict:
@@ -90,14 +89,14 @@ def derive(got: list, fields: dict, b, needs: RowNeeds, band_rows) -> Thresholds
         thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
     if needs.min_p:
         thr = torch.maximum(thr, row_max + torch.log(b.min_p.to(dev)))
-    if needs.ties:
-        idx = torch.from_numpy(needs.topk_p).to(dev)
+    if needs.ties:        # every row (a few values each), kept where top-k and top-p apply: no index upload
         last = top[:, :, -1]                                    # [P, rows]
         bound = last.amax(dim=0)
         missing = torch.where(last == bound, got[fields["ties"]], torch.zeros_like(got[fields["ties"]])).sum(dim=0)
-        v_star = _topp_from_union(vals[idx], thr[idx], b.top_p.to(dev)[idx], bound[idx], missing[idx],
-                                  mass_shift(b.vocab_size))
-        thr[idx] = torch.maximum(v_star, thr[idx])
+        top_p = b.top_p.to(dev)
+        v_star = _topp_from_union(vals, thr, top_p, bound, missing, mass_shift(b.vocab_size))
+        use = (b.top_k.to(dev) > 0) & (top_p < 1) & (b.temperature.to(dev) > 0)
+        thr = torch.where(use, torch.maximum(v_star, thr), thr)
     br = None
     if band_rows is not None:
         br = topp_band.bracket(top[:, band_rows, 0], got[fields["hist"]], thr[band_rows],

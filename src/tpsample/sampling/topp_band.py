@@ -12,14 +12,16 @@ and takes b = the lowest edge whose mass above is certainly < p * S and a = the 
 whose mass above is certainly >= p * S. Tokens >= b are then kept, tokens < a dropped.
 
 Round 2 (inside the winners gather): each rank sends exact integer masses over kept tokens (S_r,
-A_r = mass of tokens >= b) and, for K sub-bins splitting [a, b), the sub-bin's exact mass, its
-best draw score with that token's id, value and logprob-row value, and the sub-bin's max value.
+A_r = mass of tokens >= b) and, for K sub-bins splitting [a, b), the sub-bin's exact mass; and,
+from its LIST_LEN largest tokens in [a, b) (the only ones whose noise it hashes again), each
+sub-bin's best draw score with that token's id, value and logprob-row value, the sub-bin's max
+value, and the first sub-bin its list may not hold completely.
 The draw of tokens >= b is the ordinary draw with threshold max(thr, b). After the gather every
 rank checks EXACTLY (integers, the float64 target of the semantics) that the crossing lies in
 [a, b) and finds the crossing sub-bin j*: sub-bins above it are kept, below it dropped. The
 winner is the best of the kept candidates unless the best token of sub-bin j* beats them and is
-not at j*'s max value (the max value of j* is always kept): then the row is undecided and takes
-the exact path (`failed`). Exactness therefore rests only on the exact round-2 check; the fp64
+not at j*'s max value (the max value of j* is always kept), or some part's list does not reach
+j*: then the row is undecided and takes the exact path (`failed`). Exactness therefore rests only on the exact round-2 check; the fp64
 bounds decide how often rows fail.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ BIN_SCALE = 8.0          # bins of 1/8 nat on the grid floor(8 x) (a power of tw
 NUM_BINS = 128           # 16 nats below a part's max; a crossing further down takes the exact path
 NUM_SUB = 32             # sub-bins of [a, b) in round 2
 NO_ID = 2**31 - 1        # id of an empty sub-bin (int32, above every token id)
+LIST_LEN = 512           # band tokens per part whose draw scores are computed (the largest)
 # Relative error bound of the round-1 mass estimates against the exact integer masses.
 # Exact: e_i = trunc(exp32(fl32(x_i - M)) * 2**shift). With d = x_i - M <= 0:
 #  - fl32(d) = d (1 + e1), |e1| <= 2**-24, so exp(fl32(d)) = exp(d) exp(d e1); only tokens with
@@ -44,12 +47,14 @@ NO_ID = 2**31 - 1        # id of an empty sub-bin (int32, above every token id)
 #  - torch's fp32 exp is within 2 ulp (CPU: 1 ulp; CUDA expf: 2 ulp); 4 ulp = 4.8e-7 allowed;
 #  - truncation loses less than 1 per token: at most V in total (an absolute term).
 #  So exp(d) 2**shift (1 - 3.1e-6) - 1 <= e_i <= exp(d) 2**shift (1 + 3.1e-6).
-# Estimates: fp64 exp of (x - m_r) (exact difference or 2**-53 off, 1 ulp exp), fp64 sums of at
-# most 2**31 terms (relative 2**-22 worst case, far less in practice), rounding the bin to fp32
-# (2**-24), the fp64 rescale exp(m_r - M) and the fp64 sums over parts and bins (a few 2**-52):
-# below 3.1e-7 together. ETA = 4e-6 covers both with margin; the target p * S in float64 adds
-# 2**-52 relative, covered by TARGET_SLACK.
-ETA = 4e-6
+# Estimates: exp32(fl32(x - m_r)) per token, off from exp(x - m_r) by the same two terms as above
+# (|x - m_r| <= 43.3 where it matters: < 3.1e-6), summed in fp64 (at most 2**31 terms: relative
+# 2**-22 worst case, far less in practice), the bin rounded to fp32 (2**-24), the fp64 rescale
+# exp(m_r - M) and fp64 sums over parts and bins (a few 2**-52): below 3.4e-6 together.
+# ETA = 8e-6 covers both (3.1e-6 + 3.4e-6) with margin; the target p * S in float64 adds
+# 2**-52 relative, covered by TARGET_SLACK. (Only how often a bracket is found depends on ETA:
+# round 2 checks the crossing exactly.)
+ETA = 8e-6
 TARGET_SLACK = 1e-15
 
 
@@ -59,14 +64,14 @@ def local_histogram(l: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     n = rows.numel()
     hist = torch.zeros((n, NUM_BINS + 1), dtype=torch.float64, device=l.device)
     for s, t in row_chunks(n, l.shape[1], l.device):
-        x = l.index_select(0, rows[s:t]).double()
-        m = x.amax(dim=1) if x.shape[1] else torch.full((t - s,), NEG_INF, dtype=torch.float64, device=l.device)
+        x = l.index_select(0, rows[s:t])
+        m = x.amax(dim=1) if x.shape[1] else torch.full((t - s,), NEG_INF, device=l.device)
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         top = torch.floor(m_safe * BIN_SCALE)
         j = (top.unsqueeze(1) - torch.floor(x * BIN_SCALE)).nan_to_num_(NUM_BINS, NUM_BINS, NUM_BINS)
         j = j.clamp_(0, NUM_BINS).to(torch.int64)
-        mass = torch.exp(x - m_safe.unsqueeze(1))
-        hist[s:t].scatter_add_(1, j, mass.nan_to_num_(0.0, 0.0, 0.0))
+        mass = torch.exp(x - m_safe.unsqueeze(1)).nan_to_num_(0.0, 0.0, 0.0)
+        hist[s:t].scatter_add_(1, j, mass.double())
     return hist.float()
 
 
@@ -85,7 +90,7 @@ def bracket(part_max: torch.Tensor, hist: torch.Tensor, thr: torch.Tensor, top_p
     parts, n = part_max.shape
     dev = part_max.device
     m = part_max.amax(dim=0)
-    finite = torch.isfinite(m) & (m.abs() < 2.0**40)
+    finite = torch.isfinite(m) & (m.abs() < 2.0**20)     # bin edges then exact in fp32
     ms = torch.where(finite, m, torch.zeros_like(m)).double()
     big_t = torch.floor(ms * BIN_SCALE)                                      # global top bin
     pm = part_max.double()
@@ -127,42 +132,67 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
                    seeds: torch.Tensor, positions: torch.Tensor, col_start: int, shift: int) -> dict:
     """Round 2: this part's exact masses and per-sub-bin draw candidates for the band rows.
 
-    lp_at: None, or lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values (sent for each
-    sub-bin's best token)."""
+    Masses are exact over every local token. Draw candidates come from the part's LIST_LEN
+    largest band tokens (noise is hashed for those only); `cover` is the first sub-bin the list
+    may not hold completely (NUM_SUB when it holds every band token). lp_at: None, or
+    lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values (sent for each sub-bin's best)."""
     n, cols, dev = rows.numel(), l.shape[1], l.device
-    k1 = NUM_SUB + 1                                # the last sub-bin collects everything else
     total = torch.zeros(n, dtype=torch.int64, device=dev)
     above = torch.zeros(n, dtype=torch.int64, device=dev)
-    mass = torch.zeros((n, k1), dtype=torch.int64, device=dev)
-    best = torch.full((n, k1), NEG_INF, device=dev)
-    best_id = torch.full((n, k1), NO_ID, dtype=torch.int64, device=dev)
-    top_v = torch.full((n, k1), NEG_INF, device=dev)
-    span = (br.b - br.a).clamp(min=2.0**-30)
-    inv = torch.where(br.ok, NUM_SUB / span, torch.zeros_like(span))
-    ids_all = torch.arange(col_start, col_start + cols, device=dev)
+    mass = torch.zeros((n, NUM_SUB + 1), dtype=torch.int64, device=dev)   # the last one collects the rest
+    k = min(LIST_LEN, cols)
+    list_v = torch.full((n, k), NEG_INF, device=dev)
+    list_c = torch.zeros((n, k), dtype=torch.int64, device=dev)
+    a32, b32 = br.a.float(), br.b.float()             # exact: multiples of 1/8 below 2**21
+    inv = torch.where(br.ok, NUM_SUB / (br.b - br.a).clamp(min=2.0**-30), torch.zeros_like(br.a)).float()
     for s, t in row_chunks(n, cols, dev):
         x = l.index_select(0, rows[s:t])
         kept = kept_mask(x, thr[s:t])
         e = fixed_point_masses(x, br.m_safe[s:t], shift).masked_fill_(~kept, 0)
         total[s:t] = e.sum(dim=1)
-        xd = x.double()
-        hi = xd >= br.b[s:t].unsqueeze(1)
+        hi = x >= b32[s:t].unsqueeze(1)
         above[s:t] = (e * hi).sum(dim=1)
-        inband = kept & ~hi & (xd >= br.a[s:t].unsqueeze(1))
-        j = ((br.b[s:t].unsqueeze(1) - xd) * inv[s:t].unsqueeze(1)).floor_().nan_to_num_(0, 0, 0)
-        j = torch.where(inband, j.clamp_(0, NUM_SUB - 1).to(torch.int64), torch.full_like(e, NUM_SUB))
+        inband = kept & ~hi & (x >= a32[s:t].unsqueeze(1))
+        j = _sub_bin(x, b32[s:t], inv[s:t]).masked_fill_(~inband, NUM_SUB)
         mass[s:t].scatter_add_(1, j, e * inband)
-        z = gumbel_noise(seeds[s:t], positions[s:t], ids_all).add_(x).masked_fill_(~inband, NEG_INF)
-        best[s:t].scatter_reduce_(1, j, z, "amax")
-        hit = inband & (z == best[s:t].gather(1, j))
-        best_id[s:t].scatter_reduce_(1, j, torch.where(hit, ids_all, NO_ID).expand_as(j), "amin")
-        top_v[s:t].scatter_reduce_(1, j, x.masked_fill(~inband, NEG_INF), "amax")
-        del x, e, z, hit, j
+        if k:
+            list_v[s:t], list_c[s:t] = torch.topk(x.masked_fill(~inband, NEG_INF), k, dim=1)
+        del x, e, j, kept, hi, inband
+    out = _candidates(l, rows, list_v, list_c, b32, inv, seeds, positions, col_start, lp_at)
+    cutoff = list_v[:, -1] if k else torch.full((n,), NEG_INF, device=dev)
+    cover = torch.where(cutoff > NEG_INF, _sub_bin(cutoff.unsqueeze(1), b32, inv).squeeze(1),
+                        torch.full_like(total, NUM_SUB))
+    out.update(total=total, above=above, mass=mass[:, :NUM_SUB], cover=cover)
+    return out
+
+
+def _sub_bin(x: torch.Tensor, b32: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """Sub-bin of values in [a, b): floor((b - x) * NUM_SUB / (b - a)) in fp32, clamped to
+    [0, NUM_SUB - 1]. Any fixed float formula will do: it is monotone in x and every rank
+    evaluates it on the same inputs, so sub-bins are ordered by value on every part."""
+    j = ((b32.unsqueeze(1) - x) * inv.unsqueeze(1)).floor_().nan_to_num_(0.0, 0.0, 0.0)
+    return j.clamp_(0, NUM_SUB - 1).to(torch.int64)
+
+
+def _candidates(l, rows, list_v, list_c, b32, inv, seeds, positions, col_start, lp_at) -> dict:
+    """Per sub-bin, from the listed band tokens: the best draw score, its id, value and
+    logprob-row value, and the sub-bin's largest listed value."""
+    n, dev = rows.numel(), l.device
+    real = list_v > NEG_INF
+    ids = list_c + col_start
+    z = gumbel_noise(seeds, positions, ids).add_(list_v).masked_fill_(~real, NEG_INF)
+    j = _sub_bin(list_v, b32, inv).masked_fill_(~real, NUM_SUB)
+    k1 = NUM_SUB + 1
+    best = torch.full((n, k1), NEG_INF, device=dev).scatter_reduce_(1, j, z, "amax")
+    hit = real & (z == best.gather(1, j))
+    best_id = torch.full((n, k1), NO_ID, dtype=torch.int64, device=dev).scatter_reduce_(
+        1, j, torch.where(hit, ids, torch.full_like(ids, NO_ID)), "amin")
+    top = torch.full((n, k1), NEG_INF, device=dev).scatter_reduce_(1, j, list_v, "amax")
     found = best_id < NO_ID
-    col = torch.where(found, best_id - col_start, torch.zeros_like(best_id)).clamp(0, max(cols - 1, 0))
+    col = (best_id - col_start).clamp(0, max(l.shape[1] - 1, 0))
     val = torch.where(found, l[rows.unsqueeze(1), col], torch.full_like(best, NEG_INF))
-    out = {"total": total, "above": above, "mass": mass[:, :NUM_SUB], "score": best[:, :NUM_SUB],
-           "id": best_id[:, :NUM_SUB].to(torch.int32), "value": val[:, :NUM_SUB], "top": top_v[:, :NUM_SUB]}
+    out = {"score": best[:, :NUM_SUB], "id": best_id[:, :NUM_SUB].to(torch.int32), "value": val[:, :NUM_SUB],
+           "top": top[:, :NUM_SUB]}
     if lp_at is not None:
         out["lp"] = lp_at(rows, best_id[:, :NUM_SUB])
     return out
@@ -189,6 +219,7 @@ def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) 
     tgt = target.unsqueeze(1)
     inside = ok & (cf[:, 0] < target) & (cf[:, -1] >= target)
     j_star = (cf[:, 1:] >= tgt).int().argmax(dim=1)                  # first sub-bin reaching p * S
+    covered = parts["cover"].amin(dim=0) > j_star                     # every part listed sub-bins <= j*
     win = best_part(parts["score"], parts["id"])                      # per sub-bin, across parts
     score, tok = take(parts["score"], win), take(parts["id"], win).to(torch.int64)
     value = take(parts["value"], win)
@@ -207,7 +238,7 @@ def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) 
     s_v, s_top, s_l = value.gather(1, js).squeeze(1), top.gather(1, js).squeeze(1), lp.gather(1, js).squeeze(1)
     star_wins = (s_s > w_s) | ((s_s == w_s) & (s_i < w_i))
     decided = s_v == s_top                                            # j*'s max value is always kept
-    failed = ~inside | (star_wins & ~decided)
+    failed = ~inside | ~covered | (star_wins & ~decided)
     use = star_wins & decided
     return BandResult(torch.where(use, s_s, w_s), torch.where(use, s_i, w_i), torch.where(use, s_l, w_l),
                       failed, total, target)
