@@ -38,6 +38,7 @@ WORKLOADS = {
                         _mix(i, temperature=0.9, top_k=30, top_p=0.5)][i % 5],
     "top_k_top_p+logprobs": lambda i: _mix(i, temperature=0.8, top_k=50, top_p=0.9, logprobs=5 if i % 4 == 0 else None),
     "top_p+logprobs": lambda i: _mix(i, temperature=0.8, top_p=0.9, logprobs=3),
+    "top_p+processed": lambda i: _mix(i, temperature=0.8, top_p=0.6, logprobs=5, logprobs_mode="processed"),
     "mixed+processed": lambda i: _mix(i, temperature=0.0 if i % 3 == 0 else 0.9, top_k=10 if i % 2 else -1,
                                       logprobs=2, logprobs_mode="processed"),
 }

@@ -14,6 +14,7 @@ import torch
 
 from ..numerics import NEG_INF
 from .logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
+from . import topp_band_lp
 from .packing import Packet
 
 
@@ -58,13 +59,23 @@ class LpRows:
 
 
 def logprob_round(lp: LpRows, emitted: torch.Tensor, vx: torch.Tensor, num_logprobs: torch.Tensor,
-                  n: int, red) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  n: int, red, band_lp=None, shift: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [rows, 1+n], logprobs [rows, 1+n] fp32, ranks [rows]) with one gather.
 
-    emitted [rows] the emitted tokens, vx [rows] their logprob-row values (row-wide)."""
+    emitted [rows] the emitted tokens, vx [rows] their logprob-row values (row-wide).
+    band_lp: band rows with processed logprobs (topp_band_lp.BandLp) or None."""
     dev, rows_total = emitted.device, emitted.shape[0]
+    blocks = list(lp.blocks())
+    band_at = None
+    if band_lp is not None:                # their processed rows: only the certainly kept tokens
+        proc_rows, block = blocks[-1]
+        pos = torch.full((rows_total,), -1, dtype=torch.int64, device=dev)
+        pos[proc_rows] = torch.arange(proc_rows.numel(), device=dev)
+        at = pos[band_lp.rows]
+        block[at] = torch.where(band_lp.active.unsqueeze(1), topp_band_lp.certain_rows(lp.l, band_lp), block[at])
+        band_at = at + (blocks[0][0].numel() if len(blocks) == 2 else 0)
     idx, m_all, se_all, cnt_all, tv_all, ti_all = [], [], [], [], [], []
-    for rows, block in lp.blocks():
+    for rows, block in blocks:
         m = block.amax(dim=1) if block.shape[1] else torch.full((block.shape[0],), NEG_INF, device=dev)
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         se = torch.exp((block - m_safe.unsqueeze(1)).double()).sum(dim=1)
@@ -75,15 +86,25 @@ def logprob_round(lp: LpRows, emitted: torch.Tensor, vx: torch.Tensor, num_logpr
     rows = torch.cat(idx)
     p = Packet()
     f = [p.add(torch.cat(x)) for x in (m_all, se_all, cnt_all, tv_all, ti_all)]
+    if band_lp is not None:
+        f += [p.add(t) for t in topp_band_lp.j_star_tokens(band_lp)]
     got = p.gather(red)
-    pm, pse, pcnt, ptv, pti = (got[i] for i in f)                  # [P, m, ...]
+    pm, pse, pcnt, ptv, pti = (got[i] for i in f[:5])              # [P, m, ...]
     big_m = pm.amax(dim=0)
     lse = big_m + torch.log((pse * torch.exp(pm - big_m.unsqueeze(0))).sum(dim=0))
     ranks_m = 1 + pcnt.sum(dim=0)
     m_rows = rows.numel()
     top_v = ptv.permute(1, 0, 2).reshape(m_rows, -1)
     top_i = pti.permute(1, 0, 2).reshape(m_rows, -1).to(torch.int64)
+    if band_lp is not None:               # v* from j*'s tokens; kept ones join the sum and the top-n
+        lse_b, tv_b, ti_b = topp_band_lp.settle(band_lp, pm[:, band_at], pse[:, band_at], top_v[band_at],
+                                                top_i[band_at], got[f[5]], got[f[6]], shift)
+        act = band_lp.active
     top_v, top_i = sort_value_desc_id_asc(top_v, top_i)
+    if band_lp is not None:
+        lse[band_at] = torch.where(act, lse_b, lse[band_at])
+        top_v[band_at, :n] = torch.where(act.unsqueeze(1), tv_b[:, :n], top_v[band_at, :n])
+        top_i[band_at, :n] = torch.where(act.unsqueeze(1), ti_b[:, :n], top_i[band_at, :n])
     tok = emitted[rows]
     ids_m = torch.cat([tok.unsqueeze(1), top_i[:, :n]], dim=1)
     vals_m = finite_logprobs(ids_m, torch.cat([vx[rows].unsqueeze(1), top_v[:, :n]], dim=1), lse)

@@ -23,7 +23,7 @@ import torch
 from ..numerics import NEG_INF, mass_shift
 from ..state.rowbatch import RowBatch
 from . import processors as P
-from . import summary, topp_band
+from . import summary, topp_band, topp_band_lp
 from .draw import guard_tokens, local_gumbel_draw
 from .filters import row_chunks
 from .packing import Packet, best_part, take
@@ -57,9 +57,9 @@ def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=N
     else:
         drawn = f.greedy
     w = _winners(red, l, [f.guard, f.greedy, drawn], f.nans, lp, b, band, th, col_start)
-    exact_rows = 0
+    exact_rows, band_lp = 0, None
     if band is not None:
-        exact_rows = _settle_band(w, l, b, red, band, thr, th, lp, needs, col_start, force_exact)
+        exact_rows, band_lp = _settle_band(w, l, b, red, band, thr, th, lp, needs, col_start, force_exact)
     is_greedy = b.greedy.to(dev)
     main_v = torch.where(is_greedy, w.greedy[0], w.drawn[0])
     fallback = ~torch.isfinite(main_v)                                        # 12
@@ -68,7 +68,8 @@ def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=N
     out.exact_rows = exact_rows
     if lp is not None:                                                        # 11
         vx = torch.where(fallback, w.guard[2], torch.where(is_greedy, w.greedy[2], w.drawn[2]))
-        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(lp, emitted, vx, b.num_logprobs, b.logprobs_max, red)
+        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(lp, emitted, vx, b.num_logprobs, b.logprobs_max, red,
+                                                              band_lp, mass_shift(b.vocab_size))
     note_memory(meter, f)
     return out
 
@@ -84,8 +85,9 @@ def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:
 class _Winners:
     """Row-wide (value, id, logprob-row value) of the guard, greedy and drawn pairs."""
 
-    def __init__(self, guard, greedy, drawn, num_nans, band_parts):
-        self.guard, self.greedy, self.drawn, self.num_nans, self.band_parts = guard, greedy, drawn, num_nans, band_parts
+    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None, listed=None):
+        self.guard, self.greedy, self.drawn, self.num_nans = guard, greedy, drawn, num_nans
+        self.band_parts, self.listed = band_parts, listed     # band rows: gathered partials, own list
 
 
 def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
@@ -100,8 +102,10 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
     f_pairs = p.add(torch.stack(cols + [nans.to(torch.int32)], dim=1))
     f_band = None
     if band is not None:
-        part = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket, b.seeds[band],
-                                       b.positions[band], col_start, mass_shift(b.vocab_size))
+        part, listed = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
+                                                b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size))
+        if b.lp_proc_rows is not None:
+            part["count"] = listed.counts()
         f_band = {k: p.add(v) for k, v in part.items()}
     got = p.gather(red)
     g = got[f_pairs]                                                     # [P, n, 6 (+3) + 1]
@@ -113,7 +117,7 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
         out.append((take(vals, win), take(ids, win), lpv))
     num_nans = g[:, :, -1].to(torch.int64).sum(dim=0)
     band_parts = None if f_band is None else {k: got[i] for k, i in f_band.items()}
-    return _Winners(*out, num_nans, band_parts)
+    return _Winners(*out, num_nans, band_parts, listed if band is not None else None)
 
 
 def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact) -> int:
@@ -123,16 +127,21 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
                w.drawn[2][band] if w.drawn[2] is not None else torch.full_like(w.drawn[0][band], NEG_INF))
     res = topp_band.resolve(w.band_parts, certain, b.top_p.to(dev)[band], th.bracket.ok)
     failed = res.failed
+    proc = np.flatnonzero(np.isin(needs.band, _host_proc(b))) if b.lp_proc_rows is not None else np.zeros(0, np.int64)
+    if len(proc):     # processed logprobs finish in the logprob round, from j*'s tokens: at most JSTAR_LEN each
+        idx = torch.from_numpy(proc).to(dev)
+        at_j = w.band_parts["count"][:, idx].gather(2, res.j_star[idx].view(1, -1, 1).expand(
+            w.band_parts["count"].shape[0], -1, 1)).squeeze(2)
+        failed = failed.index_put((idx,), failed[idx] | (at_j.amax(dim=0) > topp_band_lp.JSTAR_LEN))
     if force_exact:
         failed = torch.ones_like(failed)
-    elif b.lp_proc_rows is not None:         # processed logprobs need v* itself
-        proc = np.isin(needs.band, _host_proc(b))
-        if proc.any():
-            failed = failed | torch.from_numpy(proc).to(dev)
     _put(w.drawn, band, (res.value, res.token, res.lp))
+    band_lp = None
+    if len(proc):
+        band_lp = _band_lp(band, idx, thr, th.bracket, res, w.listed, ~failed[idx])
     which = failed.nonzero().squeeze(1)       # the step's one host read (band rows only)
     if which.numel() == 0:
-        return 0
+        return 0, band_lp
     rows = band[which]
     v = _radix_search(l, rows, thr[rows], th.bracket.m_safe[which], res.target[which],
                       mass_shift(b.vocab_size), red)
@@ -151,7 +160,17 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
     win = best_part(vals, ids)
     lpv = take(g[:, :, 2].contiguous().view(torch.float32), win) if lp is not None else None
     _put(w.drawn, rows, (take(vals, win), take(ids, win), lpv))
-    return int(rows.numel())
+    return int(rows.numel()), band_lp
+
+
+def _band_lp(band, idx, thr, br, res, listed, active) -> topp_band_lp.BandLp:
+    """The band rows at positions idx that want processed logprobs (see topp_band_lp)."""
+    a, b = br.a[idx], br.b[idx]
+    inv = torch.where(br.ok[idx], topp_band.NUM_SUB / (b - a).clamp(min=2.0**-30), torch.zeros_like(a))
+    lst = topp_band.BandList(listed.values[idx], listed.ids[idx], listed.sub[idx])
+    rows = band[idx]
+    return topp_band_lp.BandLp(rows, thr[rows], a.float(), b.float(), inv.float(), res.j_star[idx], res.above_j[idx],
+                               res.target[idx], br.m_safe[idx], lst, active)
 
 
 def _put(pair, rows, new) -> None:

@@ -163,7 +163,22 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
     cover = torch.where(cutoff > NEG_INF, _sub_bin(cutoff.unsqueeze(1), b32, inv).squeeze(1),
                         torch.full_like(total, NUM_SUB))
     out.update(total=total, above=above, mass=mass[:, :NUM_SUB], cover=cover)
-    return out
+    listed = BandList(list_v, list_c + col_start, _sub_bin(list_v, b32, inv).masked_fill_(list_v == NEG_INF, NUM_SUB))
+    return out, listed
+
+
+@dataclass
+class BandList:
+    """This part's largest band tokens (kept locally for the logprob round): values [n, k]
+    descending (-inf padded), global ids [n, k], sub-bins [n, k] (NUM_SUB for padding)."""
+    values: torch.Tensor
+    ids: torch.Tensor
+    sub: torch.Tensor
+
+    def counts(self) -> torch.Tensor:
+        """[n, NUM_SUB] int32 listed tokens per sub-bin."""
+        c = torch.zeros((self.sub.shape[0], NUM_SUB + 1), dtype=torch.int32, device=self.sub.device)
+        return c.scatter_add_(1, self.sub, torch.ones_like(self.sub, dtype=torch.int32))[:, :NUM_SUB]
 
 
 def _sub_bin(x: torch.Tensor, b32: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -206,6 +221,8 @@ class BandResult:
     failed: torch.Tensor    # [n] bool: undecided, take the exact path
     total: torch.Tensor     # [n] int64 exact kept mass S
     target: torch.Tensor    # [n] fp64 top_p * S
+    j_star: torch.Tensor    # [n] int64 the crossing sub-bin
+    above_j: torch.Tensor   # [n] int64 exact kept mass above sub-bin j* (tokens >= b included)
 
 
 def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) -> BandResult:
@@ -241,4 +258,4 @@ def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) 
     failed = ~inside | ~covered | (star_wins & ~decided)
     use = star_wins & decided
     return BandResult(torch.where(use, s_s, w_s), torch.where(use, s_i, w_i), torch.where(use, s_l, w_l),
-                      failed, total, target)
+                      failed, total, target, j_star, cum.gather(1, j_star.unsqueeze(1)).squeeze(1))
