@@ -4,7 +4,8 @@ Each TP size runs its ranks as local processes: with `--device cuda` and at leas
 GPU per rank over NCCL (NVLink multicast off); otherwise gloo (on one GPU, ranks share it).
 TP = 1 runs in this process. Every rank uses the same torch thread count (`--threads`).
 Per case and rank: wall time per step (plan + sample, synchronised; median of --steps after one
-warm-up step, two under auto, whose first step measures), the sampler's peak memory above its inputs, bytes sent + received, the
+warm-up step, two under auto, whose first step measures; the strategies of a shape take turns
+step by step, so they see the same machine), the sampler's peak memory above its inputs, bytes sent + received, the
 collectives the strategy issued (rounds) and the rows that took vocab_parallel's exact top-p
 path. Prints a table (sized to the terminal), an `auto` table (its choice next to the three
 fixed strategies' times), saves a plot, and ends with one JSON line.
@@ -58,38 +59,56 @@ def make_logits(kind: str, rows: int, vocab: int, seed: int, device) -> torch.Te
     return out.to(device)
 
 
-def _case(group, case, steps, device, logits_kind):
-    import tpsample
-    strategy, workload, rows, vocab = case
-    s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy=strategy, group=group, seed=1, device=device)
-    start, end = tpsample.vocab_shard(vocab, s.tp_size, s.rank)
-    ids = [f"r{i}" for i in range(rows)]
-    for i, r in enumerate(ids):
-        s.add_request(r, tpsample.SamplingParams(seed=i, max_tokens=10**6, **WORKLOADS[workload](i)), [1])
-    local = make_logits(logits_kind, rows, vocab, 1000, device)[:, start:end].contiguous()
-    cuda = torch.device(device).type == "cuda"
-    times, exact = [], 0
-    warm = 2 if strategy == "auto" else 1     # auto: measures in step 0, runs its choice from step 1
-    for step in range(steps + warm):
-        if cuda:
+class _Case:
+    """One strategy at one shape on this rank: its sampler, shard and timings."""
+
+    def __init__(self, group, case, device, logits_kind):
+        import tpsample
+        self.strategy, self.workload, self.rows, self.vocab = case
+        self.s = s = tpsample.Sampler(self.vocab, max_num_reqs=self.rows, strategy=self.strategy, group=group,
+                                      seed=1, device=device)
+        start, end = tpsample.vocab_shard(self.vocab, s.tp_size, s.rank)
+        self.ids = [f"r{i}" for i in range(self.rows)]
+        for i, r in enumerate(self.ids):
+            s.add_request(r, tpsample.SamplingParams(seed=i, max_tokens=10**6, **WORKLOADS[self.workload](i)), [1])
+        self.local = make_logits(logits_kind, self.rows, self.vocab, 1000, device)[:, start:end].contiguous()
+        self.cuda = torch.device(device).type == "cuda"
+        self.times, self.exact = [], 0
+
+    def step(self, timed: bool) -> None:
+        if self.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        s.sample(local, s.plan(ids))
-        if cuda:
+        self.s.sample(self.local, self.s.plan(self.ids))
+        if self.cuda:
             torch.cuda.synchronize()
-        if step >= warm:
-            times.append(time.perf_counter() - t0)
-            exact += s.last_stats.exact_rows
-    st = s.last_stats
-    s.profile_memory = cuda                   # one more step for the allocator's peak (syncs)
-    if cuda:
-        s.sample(local, s.plan(ids))
-    peak = s.last_stats.peak_bytes
-    return {"strategy": strategy, "workload": workload, "resolved": st.strategy, "rows": rows, "vocab": vocab,
-            "ms": 1e3 * statistics.median(times), "peak_bytes": peak, "bytes": st.bytes_sent + st.bytes_received,
-            "rounds": st.num_rounds, "collectives": st.num_collectives, "exact_rows": exact,
-            "exact_rows_of": rows * steps, "shard_bytes": st.local_logits_bytes,
-            "calibration_s": s.auto.calibration_s}
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+            self.exact += self.s.last_stats.exact_rows
+
+    def result(self) -> dict:
+        s, st = self.s, self.s.last_stats
+        s.profile_memory = self.cuda              # one more step for the allocator's peak (syncs)
+        if self.cuda:
+            self.step(False)
+        return {"strategy": self.strategy, "workload": self.workload, "resolved": st.strategy, "rows": self.rows,
+                "vocab": self.vocab, "ms": 1e3 * statistics.median(self.times), "peak_bytes": s.last_stats.peak_bytes,
+                "bytes": st.bytes_sent + st.bytes_received, "rounds": st.num_rounds,
+                "collectives": st.num_collectives, "exact_rows": self.exact,
+                "exact_rows_of": self.rows * len(self.times), "shard_bytes": st.local_logits_bytes,
+                "calibration_s": s.auto.calibration_s}
+
+
+def _shape(group, cases, steps, device, logits_kind) -> list[dict]:
+    """The strategies of one shape, their steps interleaved so that they see the same machine."""
+    runs = [_Case(group, c, device, logits_kind) for c in cases]
+    for run in runs:                              # auto: measures in its first step, runs its choice next
+        for _ in range(2 if run.strategy == "auto" else 1):
+            run.step(False)
+    for _ in range(steps):
+        for run in runs:
+            run.step(True)
+    return [run.result() for run in runs]
 
 
 def _rank_worker(group, cases, steps, device, logits_kind, threads, progress=None):
@@ -99,11 +118,14 @@ def _rank_worker(group, cases, steps, device, logits_kind, threads, progress=Non
         nccl = group is not None and torch.distributed.get_backend(group) == "nccl"
         device = f"cuda:{rank if nccl else 0}"
         torch.cuda.set_device(device)
+    shapes: dict = {}
+    for c in cases:
+        shapes.setdefault(c[1:], []).append(c)
     out = []
-    for case in cases:
-        out.append(_case(group, case, steps, device, logits_kind))
+    for shape_cases in shapes.values():
+        out += _shape(group, shape_cases, steps, device, logits_kind)
         if progress is not None and (group is None or torch.distributed.get_rank(group) == 0):
-            progress.put(1)
+            progress.put(len(shape_cases))
     return out
 
 

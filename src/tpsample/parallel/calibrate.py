@@ -131,7 +131,7 @@ def _intercepts(f: Features, small: int, comm: Collectives, device) -> tuple[flo
         plan = build_plan(strategy.name, tp, ["c0"], np.zeros(1, np.int64), np.zeros(1, np.int64),
                           np.zeros((1, 0), np.int64), f.logprobs, None, 0, small)
         calls.append(lambda s=strategy, p=plan: s.sample(x, p, StepContext(store, small, start, end, comm)))
-    return tuple(_timed_together(calls, device, 3, comm))
+    return tuple(_timed_together(calls, device, 2, comm))
 
 
 def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
@@ -157,7 +157,7 @@ def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
         return lambda: sample_batch(x, 0, b, lambda sub: store.row_batch(view.subset(sub), device), LocalRows())
 
     calls = [run(name, r, c) for name in ("full", "split") for r, c in ((1, sizes[name][0]), (sizes[name][2], sizes[name][1]))]
-    t = _timed_together(calls, device, 3)          # interleaved: both paths see the same machine
+    t = _timed_together(calls, device, 2)          # interleaved: both paths see the same machine
     out = []
     for i, name in enumerate(("full", "split")):
         small, big, r = sizes[name]

@@ -120,31 +120,39 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
     return _Winners(*out, num_nans, band_parts, listed if band is not None else None)
 
 
-def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact) -> int:
-    """Band rows: their drawn winner from round 2, or the exact path. Returns rows sent there."""
+def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact):
+    """Band rows: their drawn winner from round 2, or the exact path for the undecided ones.
+    Returns (rows sent to the exact path, BandLp of the rows with processed logprobs or None)."""
     dev = l.device
     certain = (w.drawn[0][band], w.drawn[1][band],
                w.drawn[2][band] if w.drawn[2] is not None else torch.full_like(w.drawn[0][band], NEG_INF))
     res = topp_band.resolve(w.band_parts, certain, b.top_p.to(dev)[band], th.bracket.ok)
     failed = res.failed
     proc = np.flatnonzero(np.isin(needs.band, _host_proc(b))) if b.lp_proc_rows is not None else np.zeros(0, np.int64)
-    if len(proc):     # processed logprobs finish in the logprob round, from j*'s tokens: at most JSTAR_LEN each
-        idx = torch.from_numpy(proc).to(dev)
-        at_j = w.band_parts["count"][:, idx].gather(2, res.j_star[idx].view(1, -1, 1).expand(
-            w.band_parts["count"].shape[0], -1, 1)).squeeze(2)
+    idx = torch.from_numpy(proc).to(dev) if len(proc) else None
+    if idx is not None:    # processed logprobs finish in the logprob round, from at most JSTAR_LEN j* tokens
+        counts = w.band_parts["count"][:, idx]                            # [P, m, NUM_SUB]
+        at_j = counts.gather(2, res.j_star[idx].view(1, -1, 1).expand(counts.shape[0], -1, 1)).squeeze(2)
         failed = failed.index_put((idx,), failed[idx] | (at_j.amax(dim=0) > topp_band_lp.JSTAR_LEN))
     if force_exact:
         failed = torch.ones_like(failed)
     _put(w.drawn, band, (res.value, res.token, res.lp))
     band_lp = None
-    if len(proc):
-        band_lp = _band_lp(band, idx, thr, th.bracket, res, w.listed, ~failed[idx])
+    if idx is not None:
+        br, rows = th.bracket, band[idx]
+        lst = topp_band.BandList(w.listed.values[idx], w.listed.ids[idx], w.listed.sub[idx])
+        band_lp = topp_band_lp.BandLp(rows, thr[rows], br.a[idx].float(), br.b[idx].float(), br.sub_scale()[idx],
+                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx], lst,
+                                      ~failed[idx])
     which = failed.nonzero().squeeze(1)       # the step's one host read (band rows only)
-    if which.numel() == 0:
-        return 0, band_lp
-    rows = band[which]
-    v = _radix_search(l, rows, thr[rows], th.bracket.m_safe[which], res.target[which],
-                      mass_shift(b.vocab_size), red)
+    if which.numel():
+        _exact_path(w, l, b, red, band[which], thr, th.bracket.m_safe[which], res.target[which], lp, col_start)
+    return int(which.numel()), band_lp
+
+
+def _exact_path(w: _Winners, l, b, red, rows, thr, m_safe, target, lp, col_start) -> None:
+    """v* of these rows by the radix search (4 sums), then their draw again (1 gather)."""
+    v = _radix_search(l, rows, thr[rows], m_safe, target, mass_shift(b.vocab_size), red)
     new_thr = torch.maximum(v, thr[rows])
     thr[rows] = new_thr
     if b.lp_proc_rows is not None:
@@ -160,17 +168,6 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
     win = best_part(vals, ids)
     lpv = take(g[:, :, 2].contiguous().view(torch.float32), win) if lp is not None else None
     _put(w.drawn, rows, (take(vals, win), take(ids, win), lpv))
-    return int(rows.numel()), band_lp
-
-
-def _band_lp(band, idx, thr, br, res, listed, active) -> topp_band_lp.BandLp:
-    """The band rows at positions idx that want processed logprobs (see topp_band_lp)."""
-    a, b = br.a[idx], br.b[idx]
-    inv = torch.where(br.ok[idx], topp_band.NUM_SUB / (b - a).clamp(min=2.0**-30), torch.zeros_like(a))
-    lst = topp_band.BandList(listed.values[idx], listed.ids[idx], listed.sub[idx])
-    rows = band[idx]
-    return topp_band_lp.BandLp(rows, thr[rows], a.float(), b.float(), inv.float(), res.j_star[idx], res.above_j[idx],
-                               res.target[idx], br.m_safe[idx], lst, active)
 
 
 def _put(pair, rows, new) -> None:

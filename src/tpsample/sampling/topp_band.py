@@ -83,6 +83,12 @@ class Bracket:
     ok: torch.Tensor       # [n] bool
     m_safe: torch.Tensor   # [n] fp32 global max (0 where not finite): masses are relative to it
 
+    def sub_scale(self) -> torch.Tensor:
+        """[n] fp32 sub-bins per unit of value (0 where there is no bracket): the one formula
+        every use of `_sub_bin` shares."""
+        span = (self.b - self.a).clamp(min=2.0**-30)
+        return torch.where(self.ok, NUM_SUB / span, torch.zeros_like(self.a)).float()
+
 
 def bracket(part_max: torch.Tensor, hist: torch.Tensor, thr: torch.Tensor, top_p: torch.Tensor,
             shift: int, vocab_size: int) -> Bracket:
@@ -144,7 +150,7 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
     list_v = torch.full((n, k), NEG_INF, device=dev)
     list_c = torch.zeros((n, k), dtype=torch.int64, device=dev)
     a32, b32 = br.a.float(), br.b.float()             # exact: multiples of 1/8 below 2**21
-    inv = torch.where(br.ok, NUM_SUB / (br.b - br.a).clamp(min=2.0**-30), torch.zeros_like(br.a)).float()
+    inv = br.sub_scale()
     for s, t in row_chunks(n, cols, dev):
         x = l.index_select(0, rows[s:t])
         kept = kept_mask(x, thr[s:t])
