@@ -136,14 +136,14 @@ def _intercepts(f: Features, small: int, comm: Collectives, device) -> tuple[flo
 
 def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
     """Seconds per element: the full-row path (cols = V) and the split path (cols = V / TP),
-    from one row of cols / 16 and ELEMS elements (as many rows as that takes) of min(cols, 16384)."""
+    from one row of cols / 16 and about `elems` elements of rows of the real width (per-element
+    costs depend on the row length: a long row's temporaries leave the caches)."""
     gpu = device.type == "cuda"
     elems = 1 << (22 if gpu else 16)
     width = -(-vocab // tp)
     sizes = {}
     for name, cols in (("full", vocab), ("split", width)):
-        big = cols if gpu else min(cols, 16384)
-        sizes[name] = (max(1, big // 16), big, max(1, min(elems // big, 512)))
+        sizes[name] = (max(1, cols // 16), cols, max(1, min(elems // cols, 512)))
     rows = max(r for _, _, r in sizes.values())
     store = _store(f, vocab, rows, device)
     logits = torch.randn((rows, vocab), generator=torch.Generator().manual_seed(3)).to(device) * 3
