@@ -11,10 +11,10 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from scenarios import step_logits
 
 import tpsample
 from tpsample import SamplingParams
-from scenarios import step_logits
 
 V = 4099               # prime: every split is uneven
 ROWS = 12
@@ -116,6 +116,17 @@ def _max_over_ranks(t: float) -> float:
     return float(v)
 
 
+def _interleaved(runs: dict, k: int) -> dict:
+    """k steps of every (sampler, logits, batch), taking turns; seconds of the slowest rank."""
+    times = {s: [] for s in runs}
+    for _ in range(k):
+        for s, (sp, xs, batch) in runs.items():
+            t0 = time.perf_counter()
+            sp.sample(xs, sp.plan(batch))
+            times[s].append(_max_over_ranks(time.perf_counter() - t0))
+    return times
+
+
 def auto_grid(group, vocabs=(1000, 32000), rows=(1, 8, 64), reps: int = 5):
     """Per shape: every fixed strategy's step time (max over ranks, median over interleaved
     repetitions) and auto's choice; a shape whose choice looks off is measured again once."""
@@ -136,24 +147,14 @@ def auto_grid(group, vocabs=(1000, 32000), rows=(1, 8, 64), reps: int = 5):
         calib.append((vocab, auto.auto.comm, list(auto.auto.steps.values())))
         for r in rows:
             choice = auto.plan(ids[:r]).strategy
-
-            def measure(k):
-                times = {s: [] for s in fixed}
-                for _ in range(k):
-                    for s in fixed:
-                        sp = samplers[s]
-                        t0 = time.perf_counter()
-                        sp.sample(x[:r], sp.plan(ids[:r]))
-                        times[s].append(_max_over_ranks(time.perf_counter() - t0))
-                return times
-
-            samplers_warm = [samplers[s].sample(x[:r], samplers[s].plan(ids[:r])) for s in fixed]
-            del samplers_warm
-            times = measure(reps)
+            runs = {s: (samplers[s], x[:r], ids[:r]) for s in fixed}
+            for sp, xs, batch in runs.values():                    # warm-up
+                sp.sample(xs, sp.plan(batch))
+            times = _interleaved(runs, reps)
             med = {s: statistics.median(v) for s, v in times.items()}
             retried = med[choice] > 1.1 * min(med.values())
             if retried:
-                times = measure(2 * reps + 1)
+                times = _interleaved(runs, 2 * reps + 1)
             results.append({"vocab": vocab, "rows": r, "choice": choice, "retried": retried,
                             "samples_ms": {s: [1e3 * t for t in v] for s, v in times.items()}})
     return {"grid": results, "calibration": calib}

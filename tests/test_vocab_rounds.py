@@ -10,10 +10,10 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from round_cases import NO_HOST_READ, ROWS, WORKLOADS, V, all_cases, run_workload
+from scenarios import step_logits
 
 import tpsample
-from round_cases import NO_HOST_READ, ROWS, V, WORKLOADS, all_cases, run_workload
-from scenarios import step_logits
 from tpsample.parallel.launch import spawn_ranks
 
 TWO_ROUNDS = ("top_k", "top_k_top_p", "min_p", "top_k_min_p", "top_p", "top_p_min_p", "mixed")

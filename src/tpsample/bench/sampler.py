@@ -23,12 +23,12 @@ import torch
 
 STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
 WORKLOADS = {            # per request i: SamplingParams keyword arguments
-    "topk-topp": lambda i: dict(temperature=0.8, top_k=50, top_p=0.9),
-    "topk-topp-lp": lambda i: dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=5 if i % 4 == 0 else None),
-    "topp": lambda i: dict(temperature=0.8, top_p=0.9),
-    "minp": lambda i: dict(temperature=1.0, min_p=0.05),
-    "temperature": lambda i: dict(temperature=0.8),
-    "greedy": lambda i: dict(temperature=0.0),
+    "topk-topp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
+    "topk-topp-lp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5 if i % 4 == 0 else None},
+    "topp": lambda i: {"temperature": 0.8, "top_p": 0.9},
+    "minp": lambda i: {"temperature": 1.0, "min_p": 0.05},
+    "temperature": lambda i: {"temperature": 0.8},
+    "greedy": lambda i: {"temperature": 0.0},
 }
 
 
@@ -144,21 +144,27 @@ def _launch(tp, cases, args, progress):
 
 def run(args) -> list[dict]:
     import multiprocessing as mp
+    import queue as queues
+
     from rich.progress import Progress
     cases = [(s, w, r, v) for w in args.workload for v in args.vocab for r in args.rows for s in args.strategies]
     results = []
     queue = mp.get_context("spawn").Manager().Queue()
+
+    def launch(box, tp):
+        box["out"] = _launch(tp, cases, args, queue)
+
     with Progress(transient=True) as bar:
         task = bar.add_task("sampler bench", total=len(cases) * len(args.tp))
         for tp in args.tp:
             box = {}
-            worker = threading.Thread(target=lambda: box.update(out=_launch(tp, cases, args, queue)), daemon=True)
+            worker = threading.Thread(target=launch, args=(box, tp), daemon=True)
             worker.start()
             while worker.is_alive() or not queue.empty():
                 try:
                     bar.advance(task, queue.get(timeout=0.2))
-                except Exception:
-                    pass
+                except queues.Empty:
+                    continue
             worker.join()
             if "out" not in box:
                 raise RuntimeError(f"bench at TP={tp} failed (see the rank error above)")

@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF
-from .logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
 from . import topp_band_lp
+from .logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
 from .packing import Packet
 
 

@@ -93,7 +93,7 @@ class Bracket:
 def bracket(part_max: torch.Tensor, hist: torch.Tensor, thr: torch.Tensor, top_p: torch.Tensor,
             shift: int, vocab_size: int) -> Bracket:
     """After round 1 (identical on every rank). part_max [P, n] fp32, hist [P, n, NUM_BINS + 1]."""
-    parts, n = part_max.shape
+    n = part_max.shape[1]
     dev = part_max.device
     m = part_max.amax(dim=0)
     finite = torch.isfinite(m) & (m.abs() < 2.0**20)     # bin edges then exact in fp32
