@@ -73,7 +73,8 @@ def measure_comm(comm: Collectives, device) -> CommCosts:
     tiny = torch.zeros((1, 16), dtype=torch.int32, device=device)
     lat = _timed(lambda: comm.all_gather(tiny), device, 7)
     nbytes = (16 if device.type == "cuda" else 1) << 20
-    rows, cols = 64, max(1, nbytes // (64 * 4))
+    rows = 16 * tp                                  # equal splits: every rank sends 16 rows to each
+    cols = max(1, nbytes // (rows * 4))
     x = torch.zeros((rows, cols), device=device)
 
     def gather():
@@ -81,9 +82,7 @@ def measure_comm(comm: Collectives, device) -> CommCosts:
         return torch.cat(list(parts.unbind(0)), dim=1)
 
     def exchange():
-        got = comm.all_to_all(x, [rows // tp] * (tp - 1) + [rows - rows // tp * (tp - 1)],
-                              [rows // tp] * (tp - 1) + [rows - rows // tp * (tp - 1)])
-        return got.reshape(-1)
+        return comm.all_to_all(x, [16] * tp, [16] * tp).reshape(-1)
 
     t_g = _timed(gather, device, 2)
     t_a = _timed(exchange, device, 2)
