@@ -38,7 +38,7 @@ def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=N
     f = front(x, col_start, b, bitmask, inplace)
     l, dev, n = f.l, x.device, b.num_rows
     needs = summary.RowNeeds.of(b)
-    band = torch.from_numpy(needs.band).to(dev) if len(needs.band) else None
+    band = torch.from_numpy(needs.band).to(dev, non_blocking=True) if len(needs.band) else None
     th = None
     thr = torch.full((n,), NEG_INF, device=dev)
     if b.sample_any:
@@ -129,7 +129,7 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
     res = topp_band.resolve(w.band_parts, certain, b.top_p.to(dev)[band], th.bracket.ok)
     failed = res.failed
     proc = np.flatnonzero(np.isin(needs.band, _host_proc(b))) if b.lp_proc_rows is not None else np.zeros(0, np.int64)
-    idx = torch.from_numpy(proc).to(dev) if len(proc) else None
+    idx = torch.from_numpy(proc).to(dev, non_blocking=True) if len(proc) else None
     if idx is not None:    # processed logprobs finish in the logprob round, from at most JSTAR_LEN j* tokens
         counts = w.band_parts["count"][:, idx]                            # [P, m, NUM_SUB]
         at_j = counts.gather(2, res.j_star[idx].view(1, -1, 1).expand(counts.shape[0], -1, 1)).squeeze(2)
