@@ -25,11 +25,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .parallel import auto, names
+from .parallel import names
 from .parallel.batch_sharded import BatchSharded
 from .parallel.collectives import Collectives
 from .parallel.common import StepContext
 from .parallel.group import DEFAULT_TIMEOUT_S, TPGroup
+from .parallel.measured import MeasuredAuto, features
 from .parallel.plan import SamplingPlan, build_plan
 from .parallel.replicated import Replicated
 from .parallel.shard import vocab_shard
@@ -37,7 +38,7 @@ from .parallel.vocab_parallel import VocabParallel
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 from .sampling.params import SamplingParams
-from .state.columns import MIN_P, NUM_LP, TOP_K, TOP_P
+from .state.columns import NUM_LP
 from .state.store import RequestStore, derive_seed
 from .validation import (
     check_bitmask,
@@ -63,6 +64,9 @@ class StepStats:
     peak_bytes: int           # sampler memory above its inputs (CUDA: allocator peak when
                               # profile_memory, else counted; CPU: counted)
     local_logits_bytes: int
+    num_rounds: int = 0       # collectives the strategy issued this step (num_collectives also
+                              # counts the plan check when the plan is new)
+    exact_rows: int = 0       # vocab_parallel rows that took the exact top-p path (extra rounds)
 
 
 class Sampler:
@@ -104,6 +108,8 @@ class Sampler:
         self._last_plan: Optional[SamplingPlan] = None
         self._check = Collectives(self.group.cpu_twin()) if (check_plans and self.group.size > 1) else None
         self.last_stats: Optional[StepStats] = None
+        self.auto = MeasuredAuto(self.group, vocab_size)    # measured on first use (strategy "auto")
+        self._plan_auto_version = 0
 
     @property
     def tp_size(self) -> int:
@@ -150,7 +156,8 @@ class Sampler:
         if (last is not None and draft_token_ids is None and grammar_bitmask is None and strategy is None
                 and last.grammar_bitmask is None and not last.has_drafts and isinstance(req_ids, list)
                 and len(req_ids) == last.num_reqs and tuple(req_ids) == last.req_ids
-                and np.array_equal(self.store.slots.generation[last.slots], last.generations)):
+                and np.array_equal(self.store.slots.generation[last.slots], last.generations)
+                and self._plan_auto_version == self.auto.version):
             return last
         req_ids = check_req_ids(req_ids)
         slots = self.store.slots.slots_of(req_ids)
@@ -159,24 +166,28 @@ class Sampler:
         bitmask = check_bitmask(grammar_bitmask, num_rows, self.vocab_size)
         lp = self.store.i64.host[NUM_LP, slots] if len(slots) else np.zeros(0, np.int64)
         width = 1 + int(lp.max()) if len(lp) and lp.max() >= 0 else 0
-        chosen = self._choose(strategy or self.strategy, slots, num_rows, width > 0)
+        rows_per_req = 1 + (drafts >= 0).sum(axis=1) if drafts.shape[1] else np.ones(len(slots), np.int64)
+        chosen = self._choose(strategy or self.strategy, slots, rows_per_req)
         plan = build_plan(chosen, self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
                           width, bitmask, self.uid, self.vocab_size)
-        self._last_plan = plan
+        self._last_plan, self._plan_auto_version = plan, self.auto.version
         return plan
 
-    def _choose(self, strategy: str, slots: np.ndarray, num_rows: int, logprobs: bool) -> str:
+    def _choose(self, strategy: str, slots: np.ndarray, rows_per_req: np.ndarray) -> str:
         if strategy != "auto":
             if strategy not in STRATEGIES:
                 raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
             return strategy
         tp = self.tp_size
-        per_owner = np.bincount(slots % tp, minlength=tp) if len(slots) else np.zeros(tp, np.int64)
-        f32, i64 = self.store.f32.host[:, slots], self.store.i64.host[:, slots]
-        return auto.choose(num_rows, self.vocab_size, tp, int(per_owner.max()) * self.max_num_logits_per_req,
-                           top_k=bool((i64[TOP_K] > 0).any()), top_p=bool((f32[TOP_P] < 1).any()),
-                           min_p=bool((f32[MIN_P] > 0).any()), logprobs=logprobs,
-                           on_gpu=(self.device or torch.device("cpu")).type == "cuda")
+        per_owner = np.bincount(slots % tp, weights=rows_per_req, minlength=tp) if len(slots) else np.zeros(tp)
+        feats = features(self.store.f32.host[:, slots], self.store.i64.host[:, slots], bool((rows_per_req > 1).any()))
+        return self.auto.choose(feats, int(rows_per_req.sum()), int(per_owner.max()), self._device_type())
+
+    def _device_type(self) -> str:
+        """The device kind before any logits were seen: NCCL groups run on CUDA, others on CPU."""
+        if self.device is not None:
+            return self.device.type
+        return "cuda" if self.group.backend == "nccl" else "cpu"
 
     def sample(self, local_logits: torch.Tensor, plan: SamplingPlan, *,
                draft_probs: Optional[torch.Tensor] = None) -> SamplerOutput:
@@ -197,13 +208,18 @@ class Sampler:
         comm = Collectives(self.group)
         if self._check is not None:
             self._agree(plan)
+        if self.strategy == "auto" and self.tp_size > 1:    # first use of a feature class: measure it
+            self.auto.ensure(features(self.store.f32.host[:, plan.slots], self.store.i64.host[:, plan.slots],
+                                      plan.has_drafts), dev)
         store = self.store
         need = int((store.history.upper[plan.slots] + plan.rows_per_req).max()) if plan.num_reqs else 0
         store.sync(dev, need)
         ctx = StepContext(store, self.vocab_size, self.col_start, self.col_end, comm,
                           draft_probs=draft_probs, inplace=self.inplace_logits)
         base = self._start_profile(dev)
+        before = comm.stats.num_collectives
         result = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
+        rounds = comm.stats.num_collectives - before
         m = plan.max_rows
         slots_dev = plan.device_array("slots", plan.slots, dev)
         store.append(slots_dev, result.block[:, :m], result.block[:, m], append_kernel(dev))
@@ -211,7 +227,7 @@ class Sampler:
         peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
         self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
                                     comm.stats.num_collectives, int(peak),
-                                    local_logits.numel() * local_logits.element_size())
+                                    local_logits.numel() * local_logits.element_size(), rounds, ctx.exact_rows)
         return SamplerOutput(result.block, m, result.logprobs)
 
     def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):

@@ -42,6 +42,16 @@ def _index(values: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device, non_blocking=True)
 
 
+def _lp_index(plan: SamplingPlan) -> np.ndarray:
+    """[num_rows]: where each batch row's logprobs land in the gathered [tp x max_rows_own] block."""
+    max_rows_own = max(plan.rows_per_rank)
+    index = np.zeros(plan.num_rows, np.int64)
+    for r, reqs in enumerate(plan.owned_reqs):
+        rows = plan.batch_rows(reqs)
+        index[rows] = r * max_rows_own + np.arange(len(rows))
+    return index
+
+
 class BatchSharded:
     name = "batch_sharded"
 
@@ -68,10 +78,6 @@ class BatchSharded:
         max_rows_own = max(plan.rows_per_rank)
         packed = torch.cat([ids, ranks.unsqueeze(1), vals.view(torch.int32).to(torch.int64)], dim=1)
         g = ctx.comm.all_gather(pad_rows(packed, max_rows_own))                 # [tp, max_rows_own, 2w + 1]
-        index = np.zeros(plan.num_rows, np.int64)
-        for r, reqs in enumerate(plan.owned_reqs):
-            rows = plan.batch_rows(reqs)
-            index[rows] = r * max_rows_own + np.arange(len(rows))
-        g = g.reshape(-1, 2 * w + 1).index_select(0, _index(index, g.device))
+        g = g.reshape(-1, 2 * w + 1).index_select(0, plan.device_array("lp_gather", _lp_index(plan), g.device))
         return LogprobsOutput(g[:, :w].contiguous(), g[:, w + 1:].to(torch.int32).view(torch.float32).contiguous(),
                               g[:, w].contiguous())

@@ -46,6 +46,7 @@ class StepContext:
     meter: MemoryMeter = field(default_factory=MemoryMeter)
     draft_probs: Optional[torch.Tensor] = None   # [rows, V_r], rows in logits_order
     inplace: bool = False              # the caller lets the sampler overwrite fp32 local logits
+    exact_rows: int = 0                # rows that took vocab-parallel's exact top-p path this step
 
     @property
     def rank(self) -> int:
@@ -60,13 +61,16 @@ class StepResult:
 
 def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: StepContext,
                     req_indices: Optional[np.ndarray], red, bitmask: Optional[torch.Tensor],
-                    draft_probs: Optional[torch.Tensor], inplace: bool = False):
-    """(block [len(reqs), max_rows + 4] int64, logprobs tuple or None) for these requests (all when None)."""
+                    draft_probs: Optional[torch.Tensor], inplace: bool = False, sample_fn=sample_batch):
+    """(block [len(reqs), max_rows + 4] int64, logprobs tuple or None) for these requests (all when None).
+
+    sample_fn: how the rows are sampled (`run.sample_batch`'s signature)."""
     view = plan.rows_view(req_indices)
     dev = x.device
     b = ctx.store.row_batch(view, dev)
-    res = sample_batch(x, col_start, b, lambda rows: ctx.store.row_batch(view.subset(rows), dev), red,
-                       bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter, inplace=inplace)
+    res = sample_fn(x, col_start, b, lambda rows: ctx.store.row_batch(view.subset(rows), dev), red,
+                    bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter, inplace=inplace)
+    ctx.exact_rows += res.exact_rows
     layout = None
     if plan.has_drafts:
         rows_per_req = plan.rows_per_req if req_indices is None else plan.rows_per_req[req_indices]

@@ -13,6 +13,7 @@ import queue
 import socket
 import traceback
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -26,6 +27,9 @@ def free_port() -> int:
 def _worker(rank: int, tp: int, port: int, backend: str, timeout_s: float, fn, args, results) -> None:
     try:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # torch is imported by now (unpickling fn), so the variable alone no longer applies: ranks
+        # sharing a few cores must not each run a full intra-op thread pool
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:

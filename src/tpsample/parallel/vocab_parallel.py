@@ -1,10 +1,12 @@
 """Vocab-parallel strategy: exact sampling from the shards; no rank ever holds a full row.
 
-Contract: in: this rank's `[rows, V_r]` shard in batch order. The single pipeline runs on the
-shard with `ShardReducer`, whose reductions are collectives over O(rows x (TP x small)) values:
-max and integer sums (all-reduce), candidate lists (all-gather), (value, id) winners. out:
-identical `SamplerOutput` on every rank; the same tokens as every other strategy, because each
-reduction is order-independent. Never imports model or engine code.
+Contract: in: this rank's `[rows, V_r]` shard in batch order. At TP > 1 the round pipeline
+(`sampling.split_rows`) samples the shard: one packed gather of per-row summaries when a filter
+needs it, one of the winners, one more for logprobs; each is O(rows x TP x small) values through
+`ShardReducer`. Steps with draft rows (spec decode) take the general pipeline on the shard, whose
+reductions are more, smaller collectives. out: identical `SamplerOutput` on every rank; the same
+tokens as every other strategy, because each reduction is order-independent. At TP = 1 the shard
+is the full row and the full-row path (and its kernels) applies. Never imports model or engine code.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from ..sampling.output import LogprobsOutput
 from ..sampling.reducer import LocalRows, best_of_parts
+from ..sampling.split_rows import sample_split
 from .collectives import Collectives
 from .common import StepContext, StepResult, sample_requests
 from .plan import SamplingPlan
@@ -39,12 +42,21 @@ class ShardReducer:
         return best_of_parts(parts[:, :, 0].to(values.dtype), parts[:, :, 1].to(torch.int64))
 
 
+def _split_batch(x, col_start, b, batch_of, red, *, bitmask=None, draft_probs=None, meter=None, inplace=False):
+    """`run.sample_batch`'s signature over the round pipeline (no drafts here)."""
+    return sample_split(x, col_start, b, red, bitmask=bitmask, meter=meter, inplace=inplace)
+
+
 class VocabParallel:
     name = "vocab_parallel"
 
     def sample(self, x: torch.Tensor, plan: SamplingPlan, ctx: StepContext):
-        # at TP=1 the shard is the full row: the full-row path (and its kernels) applies
-        red = ShardReducer(ctx.comm) if ctx.comm.size > 1 else LocalRows()
+        if ctx.comm.size == 1:       # the shard is the full row: the full-row path (and its kernels)
+            red, fn = LocalRows(), None
+        else:
+            red = ShardReducer(ctx.comm)
+            fn = None if (plan.has_drafts or ctx.draft_probs is not None) else _split_batch
+        kw = {} if fn is None else {"sample_fn": fn}
         block, lp = sample_requests(x, ctx.col_start, plan, ctx, None, red,
-                                    plan.grammar_bitmask, ctx.draft_probs, inplace=ctx.inplace)
+                                    plan.grammar_bitmask, ctx.draft_probs, inplace=ctx.inplace, **kw)
         return StepResult(block, None if lp is None else LogprobsOutput(*lp))

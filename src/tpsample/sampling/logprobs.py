@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics import NEG_INF
+from ..numerics import NEG_INF, order_key
+from .filters import row_chunks
+
+_LOW31 = (1 << 31) - 1
 
 
 def log_sum_exp(l: torch.Tensor, red) -> torch.Tensor:
@@ -28,23 +31,19 @@ def value_at(l: torch.Tensor, token_ids: torch.Tensor, col_start: int, red) -> t
 
 
 def local_top_n(l: torch.Tensor, n: int, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-n (value desc, id asc) of the local columns, padded with (-inf, -1)."""
+    """Top-n (value desc, id asc) of the local columns, padded with (-inf, -1); no host read:
+    torch.topk over an int64 key (the value's order key, then the reversed column)."""
     rows, cols = l.shape
     vals = torch.full((rows, n), NEG_INF, device=l.device)
     ids = torch.full((rows, n), -1, dtype=torch.int64, device=l.device)
-    c = min(cols, n + 8)
-    if c == 0 or n == 0:
+    k = min(n, cols)
+    if k == 0:
         return vals, ids
-    cand_v, cand_i = torch.topk(l, c, dim=1)
-    nth = cand_v[:, min(n, c) - 1]
-    exact = (l >= nth.unsqueeze(1)).sum(dim=1) <= c
-    if not bool(exact.all()):   # more ties at the boundary than candidates: sort those rows
-        rows_bad = (~exact).nonzero().squeeze(1)
-        sv, si = torch.sort(l[rows_bad], dim=1, descending=True, stable=True)
-        cand_v[rows_bad], cand_i[rows_bad] = sv[:, :c], si[:, :c]
-    v, i = sort_value_desc_id_asc(cand_v, cand_i + col_start)
-    k = min(n, c)
-    vals[:, :k], ids[:, :k] = v[:, :k], i[:, :k]
+    rev = _LOW31 - torch.arange(cols, device=l.device)
+    for s, t in row_chunks(rows, cols, l.device):
+        key = (order_key(l[s:t]) << 31) | rev
+        c = _LOW31 - (torch.topk(key, k, dim=1).values & _LOW31)
+        vals[s:t, :k], ids[s:t, :k] = l[s:t].gather(1, c), c + col_start
     return vals, ids
 
 

@@ -13,6 +13,7 @@ working buffer and ends up holding the processed rows).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -37,15 +38,8 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
                 draft_probs: Optional[torch.Tensor] = None, meter=None,
                 inplace: bool = False) -> RowResult:
     dev = x.device
-    copy = not (inplace and x.dtype == torch.float32)
-    l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
-    local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], dev))  # 1
-    if bitmask is not None:                                               # 2
-        P.apply_bitmask(l, bitmask, col_start)
-    guard_local = local_argmax(l, col_start)      # 12 falls back to the best grammar-allowed token
-    raw = _raw_logprob_rows(l, b)
-    P.apply_token_processors(l, b, col_start)                             # 3-5
-    greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
+    f = front(x, col_start, b, bitmask, inplace)
+    l, local_nans, guard_local, raw, greedy_local = f.l, f.nans, f.guard, f.raw, f.greedy
     if b.sample_any:
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, red)                                      # 7-9
@@ -73,10 +67,42 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     out = RowResult(emitted, accepted, fallback, num_nans)
     if b.logprobs_max >= 0:                                               # 11
         _logprobs(out, l, raw, b, col_start, red)
-    if meter is not None:   # the working copy, raw-logprob rows and the largest chunk temporaries
-        chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
-        meter.note((l.numel() * 4 if copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
+    note_memory(meter, f)
     return out
+
+
+@dataclass
+class Front:
+    """Steps 1-5 done: the working rows and the local partial results every pipeline needs."""
+    l: torch.Tensor                         # [rows, cols] fp32 processed rows (steps 2-5)
+    copy: bool                              # l is a copy of x
+    nans: torch.Tensor                      # [rows] int64 local NaN counts
+    guard: tuple                            # local (max, id) after the grammar mask (step 12)
+    raw: Optional[tuple]                    # (rows, copy) for raw-logprob rows, else None
+    greedy: tuple                           # local (max, id) of the processed row
+
+
+def front(x: torch.Tensor, col_start: int, b: RowBatch, bitmask: Optional[torch.Tensor],
+          inplace: bool) -> Front:
+    """Steps 1-5 on the columns held (no communication)."""
+    copy = not (inplace and x.dtype == torch.float32)
+    l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
+    local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], x.device))  # 1
+    if bitmask is not None:                                               # 2
+        P.apply_bitmask(l, bitmask, col_start)
+    guard_local = local_argmax(l, col_start)      # 12 falls back to the best grammar-allowed token
+    raw = _raw_logprob_rows(l, b)
+    P.apply_token_processors(l, b, col_start)                             # 3-5
+    greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
+    return Front(l, copy, local_nans, guard_local, raw, greedy_local)
+
+
+def note_memory(meter, f: Front) -> None:
+    """The working copy, raw-logprob rows and the largest chunk temporaries."""
+    if meter is not None:
+        l, raw = f.l, f.raw
+        chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
+        meter.note((l.numel() * 4 if f.copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
 
 
 def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:

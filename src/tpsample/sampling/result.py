@@ -18,3 +18,4 @@ class RowResult:
     lp_ranks: Optional[torch.Tensor] = None  # [rows] int64
     block: Optional[torch.Tensor] = None     # [rows, 5] packed (one row per request, no drafts):
                                              # emitted, num_nans and fallback are views into it
+    exact_rows: int = 0                      # rows that needed the exact (extra-round) top-p path

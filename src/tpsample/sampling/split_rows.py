@@ -1,0 +1,182 @@
+"""Rows split by vocabulary, sampled in rounds: the vocab-parallel pipeline.
+
+`sample_split(x, col_start, b, red)` gives the same `RowResult` as `pipeline.sample_rows` on the
+full rows (the same thresholds, noise and tie rules), but talks in a fixed number of rounds,
+each one `red.gather` of a packed buffer:
+1. summary (only when some row uses top-k, min-p or top-p): per part its top values, tie counts
+   and, for top-p rows without top-k, a mass histogram (summary.py, topp_band.py). Every rank
+   then derives the same thresholds and draws its columns locally.
+2. winners: per part its guard / greedy / drawn (value, id) pairs, NaN counts, the winners'
+   logprob-row values and the band rows' exact partials (topp_band.py).
+3. logprobs, when a row wants them (split_logprobs.py).
+Greedy and temperature-only batches need round 2 only. A band row that round 2 cannot decide
+(rare; `force_exact` forces it for every band row) takes the exact path: a radix search for v*
+(4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of the
+step, and happens only when the batch has band rows. No other round depends on the data.
+Rows verifying drafts and draft distributions are not handled here (the caller uses sample_rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..numerics import NEG_INF, mass_shift
+from ..state.rowbatch import RowBatch
+from . import processors as P
+from . import summary, topp_band, topp_band_lp
+from .draw import guard_tokens, local_gumbel_draw
+from .filters import row_chunks
+from .packing import Packet, best_part, take
+from .pipeline import front, note_memory
+from .result import RowResult
+from .split_logprobs import LpRows, logprob_round
+from .topp import _radix_search
+
+
+def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=None, meter=None,
+                 inplace: bool = False, force_exact: bool = False) -> RowResult:
+    f = front(x, col_start, b, bitmask, inplace)
+    l, dev, n = f.l, x.device, b.num_rows
+    needs = summary.RowNeeds.of(b)
+    band = torch.from_numpy(needs.band).to(dev, non_blocking=True) if len(needs.band) else None
+    th = None
+    thr = torch.full((n,), NEG_INF, device=dev)
+    if b.sample_any:
+        P.apply_temperature(l, b.temperature)                                 # 6
+        if needs.summary:                                                     # round 1: 7-9
+            packet = Packet()
+            fields = summary.add_local(packet, l, needs, band)
+            th = summary.derive(packet.gather(red), fields, b, needs, band)
+            thr = th.thr
+    if b.lp_proc_rows is not None:                  # processed logprob rows: after step 9
+        _mask_rows(l, b.lp_proc_rows, thr)
+    lp = LpRows(l, f.raw, b.lp_proc_rows, col_start) if b.logprobs_max >= 0 else None
+    if b.sample_any:
+        t_draw = thr if band is None else thr.index_put((band,), torch.maximum(thr[band], th.bracket.b.float()))
+        drawn = local_gumbel_draw(l, t_draw, b.seeds, b.positions, col_start)          # 10
+    else:
+        drawn = f.greedy
+    w = _winners(red, l, [f.guard, f.greedy, drawn], f.nans, lp, b, band, th, col_start)
+    exact_rows, band_lp = 0, None
+    if band is not None:
+        exact_rows, band_lp = _settle_band(w, l, b, red, band, thr, th, lp, needs, col_start, force_exact)
+    is_greedy = b.greedy.to(dev)
+    main_v = torch.where(is_greedy, w.greedy[0], w.drawn[0])
+    fallback = ~torch.isfinite(main_v)                                        # 12
+    emitted = torch.where(fallback, guard_tokens(*w.guard[:2]), torch.where(is_greedy, w.greedy[1], w.drawn[1]))
+    out = RowResult(emitted, torch.zeros_like(fallback), fallback, w.num_nans)
+    out.exact_rows = exact_rows
+    if lp is not None:                                                        # 11
+        vx = torch.where(fallback, w.guard[2], torch.where(is_greedy, w.greedy[2], w.drawn[2]))
+        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(lp, emitted, vx, b.num_logprobs, b.logprobs_max, red,
+                                                              band_lp, mass_shift(b.vocab_size))
+    note_memory(meter, f)
+    return out
+
+
+def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:
+    """l[rows] < thr[rows] -> -inf (the processed rows of logprobs)."""
+    for s, t in row_chunks(rows.numel(), l.shape[1], l.device):
+        r = rows[s:t]
+        x = l.index_select(0, r)
+        l.index_copy_(0, r, x.masked_fill_(x < thr.index_select(0, r).unsqueeze(1), NEG_INF))
+
+
+class _Winners:
+    """Row-wide (value, id, logprob-row value) of the guard, greedy and drawn pairs."""
+
+    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None, listed=None):
+        self.guard, self.greedy, self.drawn, self.num_nans = guard, greedy, drawn, num_nans
+        self.band_parts, self.listed = band_parts, listed     # band rows: gathered partials, own list
+
+
+def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
+    """Round 2: one gather of the local pairs (+ logprob-row values) and the band partials."""
+    n, dev = l.shape[0], l.device
+    p = Packet()
+    rows = torch.arange(n, device=dev)
+    cols = [t for v, i in pairs for t in (v.float().view(torch.int32), i.to(torch.int32))]
+    if lp is not None:
+        ids = torch.stack([i for _, i in pairs], dim=1)
+        cols += list(lp.at(rows, ids).view(torch.int32).unbind(1))
+    f_pairs = p.add(torch.stack(cols + [nans.to(torch.int32)], dim=1))
+    f_band = None
+    if band is not None:
+        part, listed = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
+                                                b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size))
+        if b.lp_proc_rows is not None:
+            part["count"] = listed.counts()
+        f_band = {k: p.add(v) for k, v in part.items()}
+    got = p.gather(red)
+    g = got[f_pairs]                                                     # [P, n, 6 (+3) + 1]
+    out = []
+    for k in range(3):
+        vals, ids = g[:, :, 2 * k].contiguous().view(torch.float32), g[:, :, 2 * k + 1].to(torch.int64)
+        win = best_part(vals, ids)
+        lpv = take(g[:, :, 6 + k].contiguous().view(torch.float32), win) if lp is not None else None
+        out.append((take(vals, win), take(ids, win), lpv))
+    num_nans = g[:, :, -1].to(torch.int64).sum(dim=0)
+    band_parts = None if f_band is None else {k: got[i] for k, i in f_band.items()}
+    return _Winners(*out, num_nans, band_parts, listed if band is not None else None)
+
+
+def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact):
+    """Band rows: their drawn winner from round 2, or the exact path for the undecided ones.
+    Returns (rows sent to the exact path, BandLp of the rows with processed logprobs or None)."""
+    dev = l.device
+    certain = (w.drawn[0][band], w.drawn[1][band],
+               w.drawn[2][band] if w.drawn[2] is not None else torch.full_like(w.drawn[0][band], NEG_INF))
+    res = topp_band.resolve(w.band_parts, certain, b.top_p.to(dev)[band], th.bracket.ok)
+    failed = res.failed
+    proc = np.flatnonzero(np.isin(needs.band, _host_proc(b))) if b.lp_proc_rows is not None else np.zeros(0, np.int64)
+    idx = torch.from_numpy(proc).to(dev, non_blocking=True) if len(proc) else None
+    if idx is not None:    # processed logprobs finish in the logprob round, from at most JSTAR_LEN j* tokens
+        counts = w.band_parts["count"][:, idx]                            # [P, m, NUM_SUB]
+        at_j = counts.gather(2, res.j_star[idx].view(1, -1, 1).expand(counts.shape[0], -1, 1)).squeeze(2)
+        failed = failed.index_put((idx,), failed[idx] | (at_j.amax(dim=0) > topp_band_lp.JSTAR_LEN))
+    if force_exact:
+        failed = torch.ones_like(failed)
+    _put(w.drawn, band, (res.value, res.token, res.lp))
+    band_lp = None
+    if idx is not None:
+        br, rows = th.bracket, band[idx]
+        lst = topp_band.BandList(w.listed.values[idx], w.listed.ids[idx], w.listed.sub[idx])
+        band_lp = topp_band_lp.BandLp(rows, thr[rows], br.a[idx].float(), br.b[idx].float(), br.sub_scale()[idx],
+                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx], lst,
+                                      ~failed[idx])
+    which = failed.nonzero().squeeze(1)       # the step's one host read (band rows only)
+    if which.numel():
+        _exact_path(w, l, b, red, band[which], thr, th.bracket.m_safe[which], res.target[which], lp, col_start)
+    return int(which.numel()), band_lp
+
+
+def _exact_path(w: _Winners, l, b, red, rows, thr, m_safe, target, lp, col_start) -> None:
+    """v* of these rows by the radix search (4 sums), then their draw again (1 gather)."""
+    v = _radix_search(l, rows, thr[rows], m_safe, target, mass_shift(b.vocab_size), red)
+    new_thr = torch.maximum(v, thr[rows])
+    thr[rows] = new_thr
+    if b.lp_proc_rows is not None:
+        _mask_rows(l, rows, thr)
+    drawn_local = local_gumbel_draw(l.index_select(0, rows), new_thr, b.seeds[rows], b.positions[rows], col_start)
+    p = Packet()
+    cols = [drawn_local[0].view(torch.int32), drawn_local[1].to(torch.int32)]
+    if lp is not None:
+        cols.append(lp.at(rows, drawn_local[1].unsqueeze(1)).squeeze(1).view(torch.int32))
+    f0 = p.add(torch.stack(cols, dim=1))
+    g = p.gather(red)[f0]                                                 # [P, m, 2 (+1)]
+    vals, ids = g[:, :, 0].contiguous().view(torch.float32), g[:, :, 1].to(torch.int64)
+    win = best_part(vals, ids)
+    lpv = take(g[:, :, 2].contiguous().view(torch.float32), win) if lp is not None else None
+    _put(w.drawn, rows, (take(vals, win), take(ids, win), lpv))
+
+
+def _put(pair, rows, new) -> None:
+    for dst, src in zip(pair, new):
+        if dst is not None and src is not None:
+            dst[rows] = src.to(dst.dtype)
+
+
+def _host_proc(b) -> np.ndarray:
+    """Host row indices that want processed logprobs."""
+    h = b.host
+    return np.flatnonzero((h.num_logprobs >= 0) & h.processed)
