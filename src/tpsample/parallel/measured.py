@@ -61,6 +61,6 @@ class MeasuredAuto:
 
 def features(f32_host: np.ndarray, i64_host: np.ndarray, drafts: bool) -> auto.Features:
     """The feature class of some requests from their per-slot host parameters ([cols, n])."""
-    from ..state.store import MIN_P, NUM_LP, PROCESSED, TOP_K, TOP_P, T
+    from ..state.columns import MIN_P, NUM_LP, PROCESSED, TOP_K, TOP_P, T
     return auto.Features.of(f32_host[T], i64_host[TOP_K], f32_host[TOP_P], f32_host[MIN_P],
                             i64_host[NUM_LP], i64_host[PROCESSED], drafts)
