@@ -1,6 +1,6 @@
 """Entry points of the Triton kernels: exact, memory-lean sampling and logprob statistics.
 
-Contract (the semantics of DESIGN.md section 2 steps 6-10 and 12 on processed rows; the torch twin
+Contract (docs/semantics.md steps 6-10 and 12 on processed rows; the torch twin
 is `tpsample.kernels.torch_ref`, and `tpsample.sampling` computes the same on CPU):
 - x: [R, V_local] fp32 / bf16 / fp16 logits, unit column stride, any row stride; never copied
   or upcast as a whole (kernels upcast per block). Column j is global token col_offset + j.

@@ -1,4 +1,4 @@
-"""Logprobs without a [rows, V] logprob tensor (DESIGN.md section 2, step 11).
+"""Logprobs without a [rows, V] logprob tensor (docs/semantics.md, step 11).
 
 From a row (raw or processed, any column range): the row-wide log-sum-exp, the chosen token's
 logprob, its rank (1 + number of tokens with a strictly larger logprob) and the top-n

@@ -1,4 +1,4 @@
-"""The sampling pipeline: DESIGN.md section 2 applied to a block of rows, in order.
+"""The sampling pipeline: docs/semantics.md steps 1-12 applied to a block of rows, in order.
 
 `sample_rows(x, col_start, batch, red)` takes logits rows `x` ([rows, cols], any float dtype)
 holding global columns [col_start, col_start + cols) and a reducer (`LocalRows` for full rows,

@@ -1,0 +1,77 @@
+"""The folders are layers: no module imports (even lazily, inside a function) from a layer above it.
+
+Lowest first. A module may import its own unit and anything in a lower or equal layer. The
+package root `tpsample/__init__.py` is the public facade: it re-exports from every layer (the
+engine lazily), so it is checked as an import target (at the sampler's layer) but not as an importer.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import tpsample
+
+LAYERS = [
+    {"numerics", "noise", "params", "coerce", "validation", "term"},   # leaves
+    {"kernels"},
+    {"state"},
+    {"sampling"},
+    {"parallel"},
+    {"sampler", "capture", "__init__"},
+    {"model", "testing"},
+    {"engine"},
+    {"llm"},
+    {"serve"},
+    {"demo", "bench"},
+    {"cli"},
+]
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+ROOT = pathlib.Path(tpsample.__file__).parent
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: pathlib.Path, module: str, package: str):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            targets = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        yield from (t for t in targets if t == "tpsample" or t.startswith("tpsample."))
+
+
+def _modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            module = package = ".".join(parts[:-1])
+        else:
+            module, package = ".".join(parts), ".".join(parts[:-1])
+        yield path, module, package
+
+
+def test_every_unit_of_the_package_has_a_layer():
+    units = {_unit(module) for _, module, _ in _modules()}
+    assert units - set(RANK) == set(), "place new folders/modules in LAYERS"
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = []
+    for path, module, package in _modules():
+        unit = _unit(module)
+        if unit == "__init__":
+            continue
+        for target in _imports(path, module, package):
+            if RANK[_unit(target)] > RANK[unit]:
+                upward.append(f"{module} imports {target}")
+    assert upward == []
