@@ -168,8 +168,8 @@ def test_model_logits_through_the_kernels_equal_the_torch_path_over_prefill_chun
     """A whole model over a paged cache: a prefill split in two chunks, then two decode steps, with
     shuffled pages; the kernel path's logits equal the torch path's at every step."""
     from tpsample.engine.kv_cache import allocate_kv
-    from tpsample.engine.toy import make_random_checkpoint
     from tpsample.model import TPGroup, load_model
+    from tpsample.testing.toy import make_random_checkpoint
 
     folder = make_random_checkpoint(str(tmp_path), vocab_size=300, num_heads=6, num_kv_heads=2, hidden_size=96,
                                     init_std=0.3)

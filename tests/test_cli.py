@@ -15,9 +15,9 @@ from tpsample.cli.args import HelpFormatter
 
 WORK = {   # module, attribute: what each command calls to do its work
     "generate": ("tpsample.llm", "LLM"),
-    "sampler demo": ("tpsample.demo", "run_sampler_demo"),
-    "engine demo": ("tpsample.engine.demo_engine", "run_demo"),
-    "bench engine": ("tpsample.engine.bench_engine", "run_bench"),
+    "sampler demo": ("tpsample.demo.sampler", "run_sampler_demo"),
+    "engine demo": ("tpsample.demo.engine", "run_demo"),
+    "bench engine": ("tpsample.bench.engine", "run_bench"),
     "bench sampler": ("tpsample.bench.sampler", "main"),
     "bench kernels": ("tpsample.bench.kernels", "run_bench_kernels"),
 }
@@ -25,7 +25,7 @@ WORK = {   # module, attribute: what each command calls to do its work
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tpsample.engine.toy import make_random_checkpoint
+    from tpsample.testing.toy import make_random_checkpoint
     root = tmp_path_factory.mktemp("cli")
     tok = make_random_checkpoint(str(root / "tok"), vocab_size=300, tokenizer=True, eos_token_id=0)
     bare = root / "bare"                       # the same checkpoint without its tokenizer files
@@ -97,17 +97,17 @@ def test_every_user_mistake_is_one_line_and_exit_2_before_any_work(models, no_wo
 
 
 def test_a_value_error_under_a_command_is_a_user_mistake_and_other_errors_keep_tracebacks(monkeypatch, capsys):
-    import tpsample.demo
+    import tpsample.demo.sampler
 
     def bad(**_):
         raise ValueError("SamplingParams.top_k must be\nan integer")
-    monkeypatch.setattr(tpsample.demo, "run_sampler_demo", bad)
+    monkeypatch.setattr(tpsample.demo.sampler, "run_sampler_demo", bad)
     code, _, err = run_cli(["demo", "--part", "sampler", "--tp", "1"], capsys)
     assert code == 2 and err == "tpsample: error: SamplingParams.top_k must be an integer\n"
 
     def broken(**_):
         raise RuntimeError("internal")
-    monkeypatch.setattr(tpsample.demo, "run_sampler_demo", broken)
+    monkeypatch.setattr(tpsample.demo.sampler, "run_sampler_demo", broken)
     with pytest.raises(RuntimeError, match="internal"):
         cli.main(["demo", "--part", "sampler", "--tp", "1"])
 
@@ -133,7 +133,8 @@ def test_every_option_has_help_that_states_its_default():
 
 
 def test_tables_fit_80_columns(monkeypatch, capsys):
-    from tpsample.engine import bench_engine, demo_engine
+    from tpsample.bench import engine as bench_engine
+    from tpsample.demo import engine as demo_engine
     monkeypatch.setenv("COLUMNS", "80")
     res = [{"tp": tp, "strategy": s, "tokens": [[1, 2]], "texts": ["Paris." * 30] * len(demo_engine.CHATS),
             "sampler_peak_bytes": [123 << 20] * tp, "seconds": 12.3} for tp in (1, 3) for s in demo_engine.STRATEGIES]
@@ -141,7 +142,7 @@ def test_tables_fit_80_columns(monkeypatch, capsys):
     bench_engine.print_table([{"strategy": s, "batch": 256, "tokens_per_s": 12345.6, "ttft_ms": 1234.5,
                                "tpot_ms": 123.4, "sampler_peak_bytes": [123 << 20] * 2, "kv_blocks": 12345}
                               for s in demo_engine.STRATEGIES], 2)
-    from tpsample.demo import run_sampler_demo
+    from tpsample.demo.sampler import run_sampler_demo
     run_sampler_demo(tp=1, vocab=5000)
     out = capsys.readouterr().out
     assert out.count("strategy") == 3
@@ -170,7 +171,7 @@ def test_third_party_progress_bars_are_switched_off(monkeypatch, capfd, tmp_path
     from transformers.utils import logging as hf_logging
 
     from tpsample import term
-    from tpsample.engine.toy import make_random_checkpoint
+    from tpsample.testing.toy import make_random_checkpoint
     for key in term._QUIET_ENV:
         monkeypatch.delenv(key, raising=False)          # restored (removed again) after the test
     was_on, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()

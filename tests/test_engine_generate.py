@@ -6,8 +6,8 @@ import torch
 import transformers
 
 from tpsample import SamplingParams
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 VOCAB = 500
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [42] * 20, [300, 301]]

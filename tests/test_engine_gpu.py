@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tpsample import SamplingParams
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 pytestmark = pytest.mark.gpu
 

@@ -7,8 +7,8 @@ import weakref
 import pytest
 
 from tpsample import SamplingParams
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 VOCAB = 3000
 

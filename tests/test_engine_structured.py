@@ -10,8 +10,8 @@ pytest.importorskip("xgrammar")      # structured output needs it (absent on som
 
 from tpsample import SamplingParams
 from tpsample.engine import GuidedDecoding
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "kind", "tags"],
           "properties": {"ok": {"type": "boolean"}, "kind": {"enum": ["fox", "dog", "cat"]},

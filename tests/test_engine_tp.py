@@ -15,8 +15,8 @@ import torch
 
 from tpsample import SamplingParams
 from tpsample.engine import GuidedDecoding
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 VOCAB = 509      # odd: the two vocab shards differ in size
 PROMPTS = [[(11 * i + j) % 400 + 1 for j in range(3 + i % 6)] for i in range(12)]

@@ -39,6 +39,9 @@ for step in range(3):
     o = s.sample(x.to(torch.bfloat16).float() if step == 1 else x, plan)
     out.append([o.sampled_token_ids.tolist(), o.num_nans.tolist(), o.num_fallback.tolist(),
                 o.logprobs.token_ids.tolist(), [round(v, 5) for v in o.logprobs.logprobs[:, 0].tolist()]])
+empty = s.plan([])             # a step with no rows (a batch_sharded rank that owns none)
+o = s.sample(torch.zeros(empty.num_rows, V), empty)
+out.append(o.sampled_token_ids.shape[0])
 dispatch.sample_rows = _sample_rows
 print("RESULT" + json.dumps({"steps": out, "kernel_calls": kernel_calls[0]}))
 """

@@ -15,8 +15,8 @@ from tpsample import SamplingParams
 from tpsample.engine import GuidedDecoding
 from tpsample.engine.core import Abort, AddRequests, NewRequest, TokenUpdate
 from tpsample.engine.detokenizer import IncrementalDetokenizer
-from tpsample.engine.toy import make_byte_tokenizer, make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_byte_tokenizer, make_random_checkpoint
 
 TEXT = "Hoy, ¿cómo estás? 日本語 🎉 naïve café"
 HI = [{"role": "user", "content": "hello world"}]

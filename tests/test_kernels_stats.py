@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from tpsample import noise as rng
 from tpsample.kernels import dispatch, torch_ref
 from tpsample.kernels.dispatch import KernelConfig
-from tpsample import noise as rng
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]

@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 import transformers
 
 import tpsample
-from tpsample.parallel.launch import free_port
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.model import ModelConfig, TPGroup, build_attention_metadata, load_model
+from tpsample.parallel.launch import free_port
+from tpsample.testing.toy import make_random_checkpoint
 
 VOCAB = 509          # not divisible by 2: the vocab split is uneven
 CASES = {

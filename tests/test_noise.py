@@ -15,7 +15,6 @@ import math
 import pytest
 import torch
 
-from tpsample.sampling import reference as ref
 from tpsample.noise import (
     SALT_ACCEPT,
     SALT_DRAW,
@@ -28,6 +27,7 @@ from tpsample.noise import (
     uniform01,
     uniform_bits,
 )
+from tpsample.sampling import reference as ref
 
 ALPHA = 1e-3
 Z_CORR = 3.29           # two-sided normal quantile for alpha = 0.001

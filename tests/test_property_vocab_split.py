@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import numpy as np
 
 from tpsample import SamplingParams, vocab_shard
 from tpsample.sampling.pipeline import sample_rows

@@ -17,8 +17,8 @@ import pytest
 
 from tpsample import SamplingParams
 from tpsample.cli import main
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
+from tpsample.testing.toy import make_random_checkpoint
 
 ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-tokens", "2048", "--max-num-seqs", "8"]
 

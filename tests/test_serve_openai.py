@@ -14,10 +14,10 @@ import openai
 import pytest
 
 from tpsample import SamplingParams
-from tpsample.engine.toy import make_random_checkpoint
 from tpsample.llm import LLM
 from tpsample.serve.app import build_app
 from tpsample.serve.server import BackgroundServer
+from tpsample.testing.toy import make_random_checkpoint
 
 MODEL = "toy"
 ENGINE = dict(dtype="float32", kv_cache_tokens=8192, max_num_seqs=32)

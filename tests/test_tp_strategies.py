@@ -4,8 +4,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from scenarios import STRATEGIES, V_ODD, die_mid_step, run_scenario, tp_suite
+
 from tpsample.parallel.launch import spawn_ranks
 
 VARIANTS = ("mixed", "permuted", "waves", "draft_probs")

@@ -125,7 +125,7 @@ def test_sampler_treats_a_huge_top_k_as_off():
 
 def test_params_at_the_range_bounds_keep_large_logits_finite():
     """At every bound that scales logits, rows with |l| up to 1e29 never reach the guard."""
-    from tpsample.sampling import params as P
+    from tpsample import params as P
     x = torch.randn(4, V, generator=torch.Generator().manual_seed(5)) * 1e29
     edge = [SP(temperature=P.TEMPERATURE_RANGE[0], seed=1, logit_bias={3: P.LOGIT_BIAS_BOUND}),
             SP(temperature=P.TEMPERATURE_RANGE[0], repetition_penalty=P.REPETITION_PENALTY_RANGE[0], seed=2),

@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 
 from .parallel.shard import vocab_shard
+from .params import SamplingParams
 from .sampler import Sampler, StepStats
 from .sampling.output import LogprobsOutput, SamplerOutput
-from .sampling.params import SamplingParams
 
 __version__ = "0.1.0"
 

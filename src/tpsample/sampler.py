@@ -35,9 +35,9 @@ from .parallel.plan import SamplingPlan, build_plan
 from .parallel.replicated import Replicated
 from .parallel.shard import vocab_shard
 from .parallel.vocab_parallel import VocabParallel
+from .params import SamplingParams
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
-from .sampling.params import SamplingParams
 from .state.columns import NUM_LP
 from .state.store import RequestStore, derive_seed
 from .validation import (

@@ -21,7 +21,9 @@ import time
 
 import torch
 
-STRATEGIES = ("replicated", "batch_sharded", "vocab_parallel", "auto")
+from ..parallel import names
+
+STRATEGIES = names.REPORT_ORDER
 WORKLOADS = {            # per request i: SamplingParams keyword arguments
     "topk-topp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
     "topk-topp-lp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5 if i % 4 == 0 else None},

@@ -1,7 +1,7 @@
 """`tpsample bench sampler | kernels | engine`: the benchmarks' options and their checks.
 
 The benchmarks themselves live in `tpsample.bench.sampler`, `tpsample.bench.kernels` and
-`tpsample.engine.bench_engine`; each prints a table and ends with one JSON line. Everything a
+`tpsample.bench.engine`; each prints a table and ends with one JSON line. Everything a
 run could trip over late (no CUDA, an unwritable plot path, a TP size the model cannot split)
 is checked here first.
 """
@@ -25,7 +25,7 @@ from .args import (
 from .engine_opts import DTYPES
 
 STRATEGIES = names.REPORT_ORDER
-# The random model bench engine builds when --model is not given (engine.bench_engine).
+# The random model bench engine builds when --model is not given (bench.engine).
 BUILTIN_MODEL = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
 
 
@@ -122,7 +122,7 @@ def _run_kernels(args) -> int:
 
 
 def _engine_parser(what) -> None:
-    from ..engine.bench_presets import PRESETS
+    from ..bench.engine_presets import PRESETS
 
     p = what.add_parser("engine", help="engine throughput and latency per strategy, or a realistic preset")
     p.add_argument("--preset", choices=list(PRESETS), default=None,
@@ -155,7 +155,7 @@ def _engine_parser(what) -> None:
 
 def _check_engine(args) -> None:
     if args.preset is not None:
-        from ..engine.bench_presets import PRESETS
+        from ..bench.engine_presets import PRESETS
 
         preset = PRESETS[args.preset]
         args.tp = args.tp or preset.tp
@@ -170,7 +170,7 @@ def _check_engine(args) -> None:
 
 
 def _run_engine(args) -> int:
-    from ..engine.bench_engine import run_bench, run_preset
+    from ..bench.engine import run_bench, run_preset
     from ..term import phase
 
     if args.preset is not None:           # run_preset shows its own progress

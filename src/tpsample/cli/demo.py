@@ -1,6 +1,6 @@
 """`tpsample demo`: a mixed batch through every strategy at TP ranks, then real chat answers.
 
-The work lives in `tpsample.demo` (sampler part) and `tpsample.engine.demo_engine` (engine
+The work lives in `tpsample.demo.sampler` (sampler part) and `tpsample.demo.engine` (engine
 part: SmolLM2-135M-Instruct's answers at TP=1 and TP=3 under every strategy); this module owns
 the options, their checks, the progress shown while each part runs, and the closing sentence.
 """
@@ -42,17 +42,17 @@ def check(args) -> None:
 
 
 def run(args) -> int:
-    from ..demo import closing_sentence
+    from ..demo.sampler import closing_sentence
     from ..term import phase
 
     sampler = engine = None
     if args.part in ("all", "sampler"):
-        from ..demo import run_sampler_demo
+        from ..demo.sampler import run_sampler_demo
 
         with phase(f"sampler demo: 4 strategies at TP={args.tp} on {args.device}"):
             sampler = run_sampler_demo(tp=args.tp, device=args.device)
     if args.part in ("all", "engine"):
-        from ..engine.demo_engine import run_demo
+        from ..demo.engine import run_demo
 
         engine = run_demo(model=args.engine_model, tp_sizes=args.engine_tp, device=args.device,
                           max_tokens=args.engine_max_tokens)      # shows its own progress

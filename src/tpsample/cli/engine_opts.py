@@ -65,7 +65,7 @@ def add_sampling_args(p) -> None:
 
 def sampling_params_from_args(args, vocab_size: int):
     """SamplingParams from the options (ValueError naming the field for a bad value)."""
-    from ..sampling.params import SamplingParams
+    from ..params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             seed=args.seed, logprobs=args.logprobs, max_tokens=args.max_tokens,

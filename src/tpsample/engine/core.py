@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 from tpsample.engine.report import RunStats
 from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
 
+
 @dataclass(frozen=True)
 class NewRequest:
     req_id: str

@@ -8,7 +8,7 @@ files and chat template. Later uses find the folder in the cache: `$TPSAMPLE_CAC
 `$XDG_CACHE_HOME/tpsample`, else `~/.cache/tpsample`.
 
 `resolve_model(None)` is what the commands use: the default model, or, offline or on any
-failure, one clear message and a tiny random model (`engine.toy`) so the command still runs.
+failure, one clear message and a tiny random model (`testing.toy`) so the command still runs.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def quiet_transformers() -> None:
 
 def toy_model_dir() -> str:
     """A tiny random Llama with a byte-level tokenizer and a chat template, built once in the cache."""
-    from tpsample.engine.toy import make_random_checkpoint
+    from tpsample.testing.toy import make_random_checkpoint
 
     folder = os.path.join(cache_dir(), "toy-random-llama")
     if not os.path.exists(os.path.join(folder, _DONE)):

@@ -6,6 +6,9 @@ taking requests and aborts at any time and sending events back; the other ranks 
 steps. The caller watches every worker: a worker that dies or raises, or a
 step with no answer within `step_timeout_s`, stops all workers and raises RuntimeError naming the
 rank. A bad request comes back as ValueError and the engine stays usable.
+
+(`tpsample.parallel.launch.spawn_ranks` is the one-shot counterpart: run a function on TP ranks
+and return the results; these workers instead live as long as the engine.)
 """
 from __future__ import annotations
 

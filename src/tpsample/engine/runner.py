@@ -26,8 +26,16 @@ from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
 from tpsample.engine.step import StepInput
-from tpsample.model import (AttentionMetadata, ModelConfig, TPGroup, build_attention_metadata,
-                            build_paged_metadata, load_model, resolve_dtype, slot_mapping_np)
+from tpsample.model import (
+    AttentionMetadata,
+    ModelConfig,
+    TPGroup,
+    build_attention_metadata,
+    build_paged_metadata,
+    load_model,
+    resolve_dtype,
+    slot_mapping_np,
+)
 
 
 def kernels_usable(device: torch.device) -> bool:

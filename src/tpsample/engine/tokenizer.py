@@ -31,10 +31,6 @@ def generation_eos_ids(folder: str) -> tuple[int, ...]:
     return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
 
 
-def has_tokenizer(folder: str) -> bool:
-    return any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES)
-
-
 def make_grammar_backend(folder: str, vocab_size: int):
     """A GrammarBackend when the folder has a tokenizer and xgrammar is installed, else None.
     The tokenizer and xgrammar's tables load on the first guided request."""

@@ -52,8 +52,9 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     that receives each row's NaN count (counted in the first pass, no extra read of x)."""
     from .sample_launch import launch_sample  # kernels are built on first use (interpreter or GPU)
     rows, cols = x.shape
-    if rows == 0:
-        return torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device)
+    if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
+        empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))
+        return (*empty, torch.zeros(0, 1, dtype=torch.int32, device=x.device)) if isinstance(nans_out, str) else empty
     if x.stride(1) != 1:
         raise ValueError("x must have unit column stride")
     dev = x.device

@@ -23,7 +23,6 @@ from .tlutil import (
     KEY_POS_INF,
     NEG_INF,
     argmax_pair,
-    chunk_bounds,
     div_t,
     key_to_float,
     mass,

@@ -7,14 +7,16 @@ Must not import Triton.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from tpsample.noise import gumbel_from_bits, uniform_bits
-from tpsample.numerics import NEG_INF, key_to_float, order_key
+from tpsample.numerics import (
+    NEG_INF,
+    mass_shift,  # noqa: F401  (part of this module's interface)
+    order_key,
+)
 from tpsample.numerics import fixed_point_masses as masses
-from tpsample.numerics import mass_shift  # noqa: F401  (part of this module's interface)
+
 
 def transform(x: torch.Tensor, temperature: torch.Tensor | None = None,
               threshold: torch.Tensor | None = None) -> torch.Tensor:

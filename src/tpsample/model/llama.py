@@ -13,8 +13,13 @@ from torch import nn
 from tpsample.model.attention import AttentionMetadata, PagedAttention
 from tpsample.model.config import ModelConfig
 from tpsample.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul, use_kernels
-from tpsample.model.parallel_layers import (MergedColumnParallelLinear, ParallelLMHead, RowParallelLinear,
-                                            TPGroup, VocabParallelEmbedding)
+from tpsample.model.parallel_layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+)
 
 
 class Attention(nn.Module):

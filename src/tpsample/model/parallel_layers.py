@@ -36,7 +36,7 @@ def shard_range(num_units: int, tp_size: int, rank: int) -> tuple[int, int]:
 
 def vocab_range(vocab_size: int, group: TPGroup) -> tuple[int, int]:
     """The vocabulary columns this rank holds: exactly the sampler's split."""
-    from tpsample import vocab_shard  # one split for the whole library: the sampler's
+    from ..parallel.shard import vocab_shard  # one split for the whole library: the sampler's
 
     return vocab_shard(vocab_size, group.size, group.rank)
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from ..sampling.params import SamplingParams
+from ..params import SamplingParams
 from ..sampling.reducer import LocalRows
 from ..sampling.run import sample_batch
 from ..sampling.split_rows import sample_split

@@ -4,6 +4,11 @@
 found at run time, calls `fn(group, *args)` on each, and returns the per-rank results. A rank
 that raises or dies ends the whole run with a `RuntimeError` carrying its message; nothing waits
 past `timeout_s`.
+
+This is the one-shot launcher (a function in, results out) that tests, the demo and the sampler
+benchmark use. A long-lived engine needs more: workers that stay up between calls, take requests
+and aborts at any time and stream events back; that lives in `tpsample.engine.multiproc`, which
+shares `free_port` with this module.
 """
 from __future__ import annotations
 

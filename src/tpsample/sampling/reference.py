@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..noise import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
-from .params import SamplingParams
+from ..params import SamplingParams
 
 NEG = float("-inf")
 

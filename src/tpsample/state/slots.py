@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..sampling.params import SamplingParams
+from ..params import SamplingParams
 
 
 @dataclass

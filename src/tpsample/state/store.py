@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..noise import seed_to_int64
-from ..sampling.params import SamplingParams
+from ..params import SamplingParams
 from .columns import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FREQ, MIN_P, PRES, REP, TOP_P, T  # noqa: F401
 from .history import History
 from .rowbatch import RowBatch

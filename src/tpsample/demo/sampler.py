@@ -2,14 +2,14 @@
 
 Shows, per strategy: whether its tokens equal the TP=1 sampler's, the per-rank sampler peak
 memory, bytes moved per rank and collectives per step. The engine part (real chat answers at
-TP=1 and TP=3) lives in `engine.demo_engine` and runs after this; `closing_sentence` sums up both.
+TP=1 and TP=3) lives in `demo.engine` and runs after this; `closing_sentence` sums up both.
 """
 from __future__ import annotations
 
 import torch
 
-from .parallel import names
-from .sampling.params import SamplingParams
+from ..parallel import names
+from ..params import SamplingParams
 
 DEMO_VOCAB = 151_936
 STRATEGIES = names.REPORT_ORDER
@@ -55,9 +55,9 @@ def _all_strategies(group, vocab, steps, device):
 
 
 def run_sampler_demo(tp: int = 2, device: str = "cpu", vocab: int = DEMO_VOCAB) -> dict:
-    from .parallel.launch import spawn_ranks
-    from .term import console as make_console
-    from .term import table as make_table
+    from ..parallel.launch import spawn_ranks
+    from ..term import console as make_console
+    from ..term import table as make_table
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     console = make_console()

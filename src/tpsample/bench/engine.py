@@ -2,7 +2,7 @@
 
 Sweep (no preset): for each strategy one engine is started (max_num_seqs = the largest batch)
 and warmed up; each batch size then runs B seeded top-k/top-p requests submitted together.
-Preset (`--preset`, see `bench_presets.py`): a realistic shape with random weights made on the
+Preset (`--preset`, see `engine_presets.py`): a realistic shape with random weights made on the
 device, one batch per strategy, plus transformers' `generate` as the reference where the preset
 asks for it. Per run: output tokens/s, mean time to first token, mean time per output token after
 the first, per-rank sampler peak, KV blocks, the most requests running at once, and (on CUDA)
@@ -16,8 +16,8 @@ import random
 import tempfile
 import time
 
-from tpsample.engine.demo_engine import STRATEGIES
-from tpsample.engine.toy import QWEN2_VOCAB, make_random_checkpoint
+from tpsample.parallel.names import REPORT_ORDER as STRATEGIES
+from tpsample.testing.toy import QWEN2_VOCAB, make_random_checkpoint
 
 
 def _requests(batch: int, prompt_len: int, max_tokens: int, vocab: int, seed: int):
@@ -70,7 +70,8 @@ def bench_strategy(folder: str, strategy: str, batch_sizes: list[int], *, tp: in
 
 
 def print_table(rows: list[dict], tp: int) -> None:
-    from tpsample.term import console, table as make_table
+    from tpsample.term import console
+    from tpsample.term import table as make_table
 
     table = make_table(f"engine throughput and latency, TP={tp}",
                        ["strategy", "batch", "tokens/s", "TTFT\nms", "TPOT\nms", "sampler peak\nMiB/rank", "KV\nblocks"],
@@ -124,7 +125,7 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     """One batch of the preset per strategy (each in a fresh engine, closed before the next)."""
     from rich.progress import Progress
 
-    from tpsample.engine import bench_presets as bp
+    from tpsample.bench import engine_presets as bp
 
     preset = bp.PRESETS[name]
     device = device or "cpu"
@@ -165,7 +166,7 @@ def _isolated(fn: str, kwargs: dict):
     import subprocess
     import sys
 
-    code = ("import json, sys; from tpsample.engine import bench_engine as b; "
+    code = ("import json, sys; from tpsample.bench import engine as b; "
             f"print({_MARK!r} + json.dumps(getattr(b, sys.argv[1])(**json.loads(sys.argv[2]))))")
     done = subprocess.run([sys.executable, "-c", code, fn, json.dumps(kwargs)], capture_output=True, text=True)
     for line in done.stdout.splitlines():
@@ -175,7 +176,7 @@ def _isolated(fn: str, kwargs: dict):
 
 
 def hf_reference(folder: str, name: str) -> float:
-    from tpsample.engine import bench_presets as bp
+    from tpsample.bench import engine_presets as bp
 
     preset = bp.PRESETS[name]
     prompts, _ = _requests(preset.num_requests, preset.prompt_len, preset.max_tokens, preset.shape["vocab_size"], 0)
@@ -184,7 +185,7 @@ def hf_reference(folder: str, name: str) -> float:
 
 def preset_run(folder: str, name: str, strategy: str, tp: int, device: str, util: float, bandwidth) -> dict:
     """One engine of the preset: warm-up, then the timed batch; the engine is closed on return."""
-    from tpsample.engine.bench_presets import NOMINAL_HBM_BYTES_PER_S, PRESETS
+    from tpsample.bench.engine_presets import NOMINAL_HBM_BYTES_PER_S, PRESETS
     from tpsample.llm import LLM
 
     preset = PRESETS[name]

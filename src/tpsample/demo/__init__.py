@@ -1,0 +1,1 @@
+"""`tpsample demo`: the sampler part (`demo.sampler`) and the engine part (`demo.engine`)."""

@@ -1,0 +1,1 @@
+"""Tiny random checkpoints and tokenizers for tests and offline fallbacks (`toy`)."""
