@@ -1,9 +1,5 @@
-"""Logprob statistics and the vocab-parallel partials of `kernels.dispatch` match the reference.
-
-Counts, ids, histograms of counts and Gumbel winners are exact. Masses are exact on CUDA; under
-TRITON_INTERPRET=1 numpy's fp32 exp may differ from torch's in the last ulp, so each mass may be
-off by 2**(shift - 23) there.
-"""
+"""Logprob statistics and the vocab-parallel Gumbel partial of `kernels.dispatch` match the
+reference: counts, ids and Gumbel winners exactly, log-sum-exps to 1e-5."""
 import pytest
 import torch
 
@@ -33,10 +29,6 @@ def d(t):
     return None if t is None else t.to(DEV)
 
 
-def mass_tol(count):
-    return 0 if DEV == "cuda" else int(count) * 2 ** (torch_ref.mass_shift(V_GLOBAL) - 23)
-
-
 @pytest.mark.parametrize("cfg", [KernelConfig(), SPLIT], ids=["one", "split"])
 @pytest.mark.parametrize("transform", ["raw", "temperature", "processed"])
 def test_logprob_stats_and_counts_match_reference(cfg, transform):
@@ -49,11 +41,12 @@ def test_logprob_stats_and_counts_match_reference(cfg, transform):
     assert torch.equal(got[0].cpu(), want[0])
     assert torch.allclose(got[1].cpu(), want[1], atol=1e-5, rtol=1e-6, equal_nan=True)
     assert torch.equal(got[2].cpu(), want[2]) and torch.equal(got[3].cpu(), want[3])
-    values = want[2][:, 2]
-    count = dispatch.count_greater(x.to(DEV), values.to(DEV), temperature=d(t), threshold=d(thr), cfg=cfg)
-    assert torch.equal(count.cpu(), torch_ref.count_greater(x, values, temperature=t, threshold=thr))
-    mx, arg = dispatch.row_argmax(x.to(DEV), temperature=d(t), threshold=d(thr), col_offset=3, cfg=cfg)
-    assert torch.equal(mx.cpu(), want[0]) and torch.equal(arg.cpu(), want[3][:, 0])
+    if transform == "raw":             # the sampled-token form: the count above a value (its rank - 1)
+        values = want[2][:, 2]
+        lse, tv, ti, count = dispatch.token_logprob_stats(x.to(DEV), values.to(DEV), 5, col_offset=3, cfg=cfg)
+        assert torch.equal(count.cpu(), torch_ref.count_greater(x, values))
+        assert torch.equal(ti.cpu(), want[3]) and torch.allclose(lse.cpu(), want[1], atol=1e-5, rtol=1e-6,
+                                                                  equal_nan=True)
 
 
 def test_top_n_longer_than_the_row_pads_with_minus_one():
@@ -64,24 +57,12 @@ def test_top_n_longer_than_the_row_pads_with_minus_one():
 
 
 @pytest.mark.parametrize("cfg", [KernelConfig(), SPLIT], ids=["one", "split"])
-def test_shard_partials_match_reference(cfg):
+def test_shard_gumbel_winner_matches_reference(cfg):
     gen = torch.Generator().manual_seed(1)
-    x = rows(gen)[:4]                          # no +inf: m must be the max
+    x = rows(gen)[:4]
     t = torch.tensor([0.7, 0.0, 1.3, 1.0])
-    l = torch_ref.transform(x, t)
-    m = torch.where(torch.isfinite(l.max(1).values), l.max(1).values, torch.zeros(4)) + 0.5   # a "global" max
     thr = torch.tensor([1.0, float("-inf"), 0.0, 2.0])
-    x, t, m, thr = x.to(DEV), t.to(DEV), m.to(DEV), thr.to(DEV)       # the reference on the same device
-    got = dispatch.shard_mass(x, t, m, thr, V_GLOBAL, cfg=cfg)
-    want = torch_ref.shard_mass(x, t, m, thr, V_GLOBAL)
-    assert bool(((got - want).abs() <= mass_tol(x.shape[1])).all())
-    prefix = torch.zeros(4, dtype=torch.int64, device=DEV)
-    for level in range(4):                      # walk down the fullest bin, as a radix search does
-        hm, hc = dispatch.shard_digit_histogram(x, t, m, thr, prefix, level, V_GLOBAL, cfg=cfg)
-        rm, rc = torch_ref.shard_digit_histogram(x, t, m, thr, prefix, level, V_GLOBAL)
-        assert torch.equal(hc, rc)
-        assert bool(((hm - rm).abs() <= mass_tol(x.shape[1])).all())
-        prefix = prefix | (rc.argmax(1) << (24 - 8 * level))
+    x, t, thr = x.to(DEV), t.to(DEV), thr.to(DEV)             # the reference on the same device
     k0, k1 = rng.row_keys(torch.arange(4), torch.arange(4) + 9, rng.SALT_DRAW)
     gv, gi = dispatch.shard_gumbel_argmax(x, t, thr, k0.to(DEV), k1.to(DEV), col_offset=5, cfg=cfg)
     wv, wi = torch_ref.shard_gumbel_argmax(x, t, thr, k0.to(DEV), k1.to(DEV), col_offset=5)

@@ -75,3 +75,46 @@ def test_no_module_imports_from_a_layer_above_it():
             if RANK[_unit(target)] > RANK[unit]:
                 upward.append(f"{module} imports {target}")
     assert upward == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (a `from pkg import name` counts as pkg.name when
+    that is a module, else as pkg; a package's parents are not counted)."""
+    modules = {module: (path, package) for path, module, package in _modules()}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, (path, package) in modules.items():
+        for target in _imports(path, module, package):
+            parent = target.rsplit(".", 1)[0]
+            hit = target if target in modules else parent if parent in modules else None
+            if hit and hit != module and not module.startswith(hit + "."):
+                graph[module].add(hit)
+    return graph
+
+
+def test_no_import_cycles_between_modules():
+    graph = _module_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v):                                       # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while comp[-1:] != [v]:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == []

@@ -15,6 +15,7 @@ import torch
 
 from .parallel.collectives import Collectives
 from .parallel.common import StepContext
+from .parallel.registry import STRATEGIES
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 
@@ -37,7 +38,6 @@ class CapturedStep:
         self._limit = store.history.capacity
         view = plan.rows_view(None)
         ctx = self._ctx()
-        from .sampler import STRATEGIES
         strategy = STRATEGIES[plan.strategy]
         strategy.sample(logits, plan, ctx)                    # compiles kernels, fills caches
         if view.cache[dev]["stops_any"]:

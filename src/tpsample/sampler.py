@@ -26,15 +26,13 @@ import numpy as np
 import torch
 
 from .parallel import names
-from .parallel.batch_sharded import BatchSharded
 from .parallel.collectives import Collectives
 from .parallel.common import StepContext
 from .parallel.group import DEFAULT_TIMEOUT_S, TPGroup
 from .parallel.measured import MeasuredAuto, features
 from .parallel.plan import SamplingPlan, build_plan
-from .parallel.replicated import Replicated
+from .parallel.registry import STRATEGIES
 from .parallel.shard import vocab_shard
-from .parallel.vocab_parallel import VocabParallel
 from .params import SamplingParams
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
@@ -50,7 +48,6 @@ from .validation import (
     check_sampler_args,
 )
 
-STRATEGIES = {s.name: s for s in (Replicated(), BatchSharded(), VocabParallel())}
 STRATEGY_NAMES = names.ALL
 _UIDS = itertools.count(1)
 
@@ -113,10 +110,12 @@ class Sampler:
 
     @property
     def tp_size(self) -> int:
+        """Ranks in the TP group (1 without a group)."""
         return self.group.size
 
     @property
     def rank(self) -> int:
+        """This rank's index in the TP group; its logits shard is `vocab_shard(V, tp_size, rank)`."""
         return self.group.rank
 
     @property

@@ -185,7 +185,7 @@ def _run_engine(args) -> int:
 
 
 def _serve_parser(what) -> None:
-    from ..serve import commands
+    from . import serve_commands as commands
 
     p = what.add_parser("serve", help="concurrent clients against the server: requests/s, TTFT and TPOT percentiles")
     commands.add_bench_serve_args(p)

@@ -1,13 +1,13 @@
 """`tpsample serve` (the OpenAI-compatible server) and `tpsample chat` (a terminal chat).
 
-The work lives in `tpsample.serve` (`serve.commands`: options, checks and the two loops); this
-module registers the commands. User mistakes raise ValueError before any work starts.
+The options, checks and the two loops live in `cli.serve_commands`, the server in `tpsample.serve`;
+this module registers the commands. User mistakes raise ValueError before any work starts.
 """
 from __future__ import annotations
 
 
 def register(sub) -> None:
-    from ..serve import commands
+    from . import serve_commands as commands
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (default model: SmolLM2-135M-Instruct)",
                            description="Serve a model over OpenAI-compatible HTTP: /v1/chat/completions, "

@@ -90,54 +90,13 @@ def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelCo
     return lse, tv, ti, cnt
 
 
-def count_greater(x, values, *, temperature=None, threshold=None, cfg: KernelConfig = DEFAULT):
-    """[R] int64: entries of the same transform as logprob_stats strictly greater than values [R]
-    (rank of a sampled token = 1 + count_greater(x, its value))."""
-    from .stats_launch import launch_stats
-    return launch_stats(x, temperature, threshold, values, 0, False, 0, cfg)[5]
-
-
-def row_argmax(x, *, temperature=None, threshold=None, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
-    """(max [R] fp32, global id of its first occurrence [R] int64) of the same transform: the
-    greedy token, the guard's raw argmax, and the local max of l for vocab-parallel shards."""
-    from .stats_launch import launch_stats
-    mx, arg, *_ = launch_stats(x, temperature, threshold, None, 0, False, col_offset, cfg)
-    return mx, arg
-
-
-# Partial statistics for the vocab-parallel strategy. x is this rank's shard [R, V_r] whose column
-# j is global id col_offset + j; l = fp32(x) / T (rows with T == 0, or temperature None: fp32(x));
-# kept = l >= thr and l > -inf (thr [R] fp32, -inf for none). Combine across ranks as noted.
-
-def shard_mass(x, temperature, m, thr, vocab_size_global: int, *, exact_exp: bool | None = None,
-               cfg: KernelConfig = DEFAULT):
-    """[R] int64: sum over kept local entries of e = trunc(exp(l - m) * 2**shift) (exp(0) = 1),
-    m [R] the global max of l. Ranks combine by sum (exact: integers)."""
-    from .stats_launch import launch_shard
-    return launch_shard("mass", x, temperature, m=m, thr=thr, shift=mass_shift(vocab_size_global),
-                        exact_exp=_exact(x, exact_exp), cfg=cfg)
-
-
-def shard_digit_histogram(x, temperature, m, thr, prefix, level: int, vocab_size_global: int, *,
-                          with_mass: bool = True, exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT):
-    """(mass [R, 256] int64, count [R, 256] int64): the kept local entries whose order key matches
-    prefix [R] (int64 key bits) above bit low + 8, binned by digit (key >> low) & 255, with
-    low = 24 - 8 * level (level 0..3). One level of the exact radix search for v* (masses) or the
-    k-th largest value (counts; with_mass=False skips the exps). Ranks combine by sum.
-    Keys are order_key with -0.0 keyed as +0.0 (see the contract above)."""
-    from .stats_launch import launch_shard
-    return launch_shard("digits", x, temperature, m=m, thr=thr, prefix=prefix, level=level,
-                        shift=mass_shift(vocab_size_global), with_mass=with_mass, exact_exp=_exact(x, exact_exp),
-                        cfg=cfg)
-
+# The vocab-parallel Gumbel partial: x is this rank's shard [R, V_r] whose column j is global id
+# col_offset + j; l = fp32(x) / T (rows with T == 0, or temperature None: fp32(x)); kept = l >= thr
+# and l > -inf (thr [R] fp32, -inf for none).
 
 def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
     """(value [R] fp32, global id [R] int64): argmax over kept local entries of fp32(l + g(key0,
     key1, global id)), ties -> lowest id; (-inf, col_offset) when nothing is kept. Ranks combine
     by the largest value, ties -> lowest global id."""
-    from .stats_launch import launch_shard
-    return launch_shard("gumbel", x, temperature, thr=thr, key0=key0, key1=key1, col_offset=col_offset, cfg=cfg)
-
-
-def _exact(x, exact_exp: bool | None) -> bool:
-    return (x.device.type == "cuda" and not interpreting()) if exact_exp is None else exact_exp
+    from .stats_launch import launch_gumbel
+    return launch_gumbel(x, temperature, thr, key0, key1, col_offset, cfg)

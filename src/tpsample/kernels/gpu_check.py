@@ -77,28 +77,17 @@ def check_stats(rows, vocab):
         want = torch_ref.logprob_stats(x, n=5, **kw)
         out[f"{name}_lse_max_abs_err"] = float((got[1] - want[1]).abs().max())
         out[f"{name}_top_ids_equal"] = bool(torch.equal(got[3], want[3]))
-        vals = want[2][:, 4].contiguous()
-        out[f"{name}_count_equal"] = bool(torch.equal(dispatch.count_greater(x, vals, **kw),
-                                                      torch_ref.count_greater(x, vals, **kw)))
+    vals = torch_ref.logprob_stats(x, n=5)[2][:, 4].contiguous()
+    count = dispatch.token_logprob_stats(x, vals, 5)[3]
+    out["raw_count_equal"] = bool(torch.equal(count, torch_ref.count_greater(x, vals)))
     return out
 
 
 def check_shard(rows, vocab):
     x = logits("randn", rows, vocab, torch.float32, 9)[:, 1000:1000 + vocab // 8]
     t = torch.full((rows,), 0.8, device="cuda")
-    m = torch_ref.transform(x, t).max(dim=1).values + 1.0
-    thr = m - 6.0
-    got = dispatch.shard_mass(x, t, m, thr, vocab)
-    out = {"case": f"shard partials {rows}x{x.shape[1]}",
-           "mass_equal": bool(torch.equal(got, torch_ref.shard_mass(x, t, m, thr, vocab)))}
-    prefix = torch.zeros(rows, dtype=torch.int64, device="cuda")
-    ok = True
-    for level in range(4):
-        hm, hc = dispatch.shard_digit_histogram(x, t, m, thr, prefix, level, vocab)
-        rm, rc = torch_ref.shard_digit_histogram(x, t, m, thr, prefix, level, vocab)
-        ok &= bool(torch.equal(hm, rm)) and bool(torch.equal(hc, rc))
-        prefix = prefix | (rc.argmax(dim=1) << (24 - 8 * level))
-    out["digit_histograms_equal"] = ok
+    thr = torch_ref.transform(x, t).max(dim=1).values - 5.0
+    out = {"case": f"shard Gumbel winner {rows}x{x.shape[1]}"}
     k0 = torch.arange(rows, device="cuda", dtype=torch.int64) * 12345 + 1
     gv, gi = dispatch.shard_gumbel_argmax(x, t, thr, k0, k0 + 7, col_offset=1000)
     wv, wi = torch_ref.shard_gumbel_argmax(x, t, thr, k0, k0 + 7, col_offset=1000)

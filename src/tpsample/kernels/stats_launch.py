@@ -60,11 +60,9 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
     return (out_max, out_arg, out_lse if lse else None, out_v, out_i, out_cnt if values is not None else None)
 
 
-def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, level: int = 0, shift: int = 62,
-                 with_mass: bool = True, key0=None, key1=None, col_offset: int = 0, exact_exp: bool = False,
-                 cfg: KernelConfig = DEFAULT):
-    """One vocab-parallel partial over the shard x (see shard.py); the splits are combined here."""
-    from .shard import digit_kernel, gumbel_kernel, mass_kernel
+def launch_gumbel(x, temperature, thr, key0, key1, col_offset: int, cfg: KernelConfig = DEFAULT):
+    """The vocab-parallel Gumbel winner of the shard x (see shard.py); the splits are combined here."""
+    from .shard import gumbel_kernel
     if x.stride(1) != 1:
         raise ValueError("x must have unit column stride")
     rows, cols, splits, chunk = split_shape(x, cfg)
@@ -74,19 +72,6 @@ def launch_shard(kind: str, x, temperature, *, m=None, thr=None, prefix=None, le
     common = {"NSPLIT": splits, "CHUNK": chunk, "BLOCK": cfg.block, "HAS_T": temperature is not None,
               "num_warps": cfg.num_warps}
     grid = (rows, splits)
-    if kind == "mass":
-        out = torch.empty(rows * splits, dtype=torch.int64, device=dev)
-        mass_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, float(2.0**shift), 1 << shift, out,
-                          EXACT_EXP=exact_exp, **common)
-        return out.view(rows, splits).sum(dim=1)
-    if kind == "digits":
-        hc = torch.empty(rows * splits * 256, dtype=torch.int64, device=dev)
-        hm = torch.zeros_like(hc)
-        pre = prefix.to(dev, torch.int64).contiguous()
-        digit_kernel[grid](x, x.stride(0), cols, t, _f32(m, rows, dev), thr, pre, 24 - 8 * level, float(2.0**shift),
-                           1 << shift, hc, hm, WITH_MASS=with_mass, EXACT_EXP=exact_exp,
-                           **{**common, "BLOCK": 64, "num_warps": max(4, cfg.num_warps)})
-        return hm.view(rows, splits, 256).sum(dim=1), hc.view(rows, splits, 256).sum(dim=1)
     v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
     i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
     _launcher(gumbel_kernel)(grid, x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),

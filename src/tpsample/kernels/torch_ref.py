@@ -10,11 +10,7 @@ from __future__ import annotations
 import torch
 
 from tpsample.noise import gumbel_from_bits, uniform_bits
-from tpsample.numerics import (
-    NEG_INF,
-    mass_shift,  # noqa: F401  (part of this module's interface)
-    order_key,
-)
+from tpsample.numerics import NEG_INF, mass_shift  # noqa: F401  (mass_shift: part of this module's interface)
 from tpsample.numerics import fixed_point_masses as masses
 
 
@@ -113,31 +109,10 @@ def logprob_stats(x, *, temperature=None, threshold=None, n=0, col_offset=0):
 
 
 def count_greater(x, values, *, temperature=None, threshold=None):
-    """Reference of dispatch.count_greater: [R] int64 count of transformed entries > values."""
+    """[R] int64 count of transformed entries > values (the rank of a token whose value is
+    `values` is 1 + it): the reference of the count `dispatch.token_logprob_stats` returns."""
     l = transform(x, temperature, threshold)
     return (l > values.to(l.device).float().unsqueeze(1)).sum(dim=1)
-
-
-def shard_mass(x, temperature, m, thr, vocab_size_global):
-    """Sum of e_i over kept entries (l >= thr, l > -inf) of the shard, e relative to the global m."""
-    l = transform(x, temperature)
-    kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
-    e = masses(l, m.float(), mass_shift(vocab_size_global))
-    return torch.where(kept, e, torch.zeros_like(e)).sum(dim=1)
-
-
-def shard_digit_histogram(x, temperature, m, thr, prefix, level, vocab_size_global):
-    """(mass [R, 256], count [R, 256]) int64 over kept entries whose key matches prefix's top bits."""
-    l = transform(x, temperature)
-    kept = (l >= thr.float().unsqueeze(1)) & (l > NEG_INF)
-    key = order_key(l)
-    low = 24 - 8 * level
-    inside = kept & ((key >> (low + 8)) == (prefix.to(torch.int64) >> (low + 8)).unsqueeze(1))
-    digit = (key >> low) & 0xFF
-    e = masses(l, m.float(), mass_shift(vocab_size_global)) * inside
-    hm = torch.zeros((x.shape[0], 256), dtype=torch.int64, device=x.device)
-    hc = torch.zeros_like(hm)
-    return hm.scatter_add_(1, digit, e), hc.scatter_add_(1, digit, inside.to(torch.int64))
 
 
 def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset=0):

@@ -35,17 +35,7 @@ SMALL_VOCAB = 32768        # CPU intercepts: one row of up to this many columns 
 
 def _timed(fn, device, reps: int) -> float:
     """Least seconds of fn() over reps calls, after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        out.append(time.perf_counter() - t0)
-    return min(out)
+    return _timed_together([fn], device, reps)[0]
 
 
 def _timed_together(fns, device, reps: int, comm: Collectives | None = None) -> list[float]:

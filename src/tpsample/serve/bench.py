@@ -117,7 +117,9 @@ def _measure(url: str, model: str, args) -> dict:
     return _summary(results, elapsed, args, _leak_check(url))
 
 
-def run_bench(args) -> dict:
+def run_bench(args, open_llm=None) -> dict:
+    """Against `args.url`, or (without one) a server started here on `open_llm(args, console)`'s
+    (llm, model name)."""
     import httpx
 
     if args.url:
@@ -125,10 +127,11 @@ def run_bench(args) -> dict:
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         summary = _measure(url, model, args)
     else:
+        if open_llm is None:
+            raise ValueError("--url is required when no engine is given to start a server on")
         from rich.console import Console
 
         from tpsample.serve.app import build_app
-        from tpsample.serve.commands import open_llm
         from tpsample.serve.server import BackgroundServer
 
         llm, model = open_llm(args, Console(stderr=True))

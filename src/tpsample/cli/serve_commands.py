@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tpsample.engine.config import STRATEGIES
+from tpsample.parallel.names import ALL as STRATEGIES
 
 
 def add_model_args(p, *, positional: bool = True) -> None:
@@ -155,4 +155,4 @@ def run_bench_serve(args) -> dict:
     check_positive(args, "clients", "max_tokens")
     if args.duration <= 0:
         raise ValueError(f"--duration must be > 0 seconds, got {args.duration}")
-    return run_bench(args)
+    return run_bench(args, open_llm)
