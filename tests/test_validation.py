@@ -163,6 +163,21 @@ def test_an_all_zero_draft_row_is_rejected_on_full_rows_only():
     check_draft_probs(q, 3, V, draft_rows=[0, 2], full_rows=True)      # row 1 verifies no draft
 
 
+def test_sample_refuses_an_all_zero_draft_row_but_not_a_zero_bonus_row():
+    s = tpsample.Sampler(V, seed=0, max_num_logits_per_req=2)
+    s.add_request("a", SP(seed=1), [1, 2])
+    plan = s.plan(["a"], draft_token_ids=[[3]])                  # row 0 verifies draft 3; row 1 is the bonus
+    x = torch.randn(plan.num_rows, V, generator=torch.Generator().manual_seed(0))
+    q = torch.softmax(x, dim=1)
+    q[1] = 0.0
+    assert 1 <= s.sample(x, plan, draft_probs=q).num_sampled.tolist()[0] <= 2
+    plan = s.plan(["a"], draft_token_ids=[[3]])
+    q = torch.softmax(x, dim=1)
+    q[0] = 0.0
+    with pytest.raises(ValueError, match="draft_probs row 0 must hold probabilities"):
+        s.sample(x, plan, draft_probs=q)
+
+
 def sampler(**kw) -> tpsample.Sampler:
     kw.setdefault("max_num_reqs", 4)
     return tpsample.Sampler(V, strategy="replicated", seed=0, max_logprobs=5, max_num_logits_per_req=3, **kw)

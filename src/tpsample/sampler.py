@@ -199,8 +199,10 @@ class Sampler:
         self._check_plan(plan)
         width = self.col_end - self.col_start
         check_logits(local_logits, plan.num_rows, width, "local_logits")
-        if draft_probs is not None:
-            check_draft_probs(draft_probs, plan.num_rows, width)
+        if draft_probs is not None:      # full rows (TP = 1): a row that verifies a draft cannot be all zero
+            full = self.tp_size == 1
+            draft_rows = np.flatnonzero(plan.rows_view(None).draft_tokens >= 0) if full else None
+            check_draft_probs(draft_probs, plan.num_rows, width, draft_rows=draft_rows, full_rows=full)
         dev = local_logits.device
         if self.device is None:
             self.device = dev
