@@ -68,6 +68,8 @@ def mistakes(m):
         ["demo", "--engine-max-tokens", "0"],
         ["demo", "--engine-model", m["root"] + "/missing"], ["demo", "--part", "everything"],
         ["bench", "sampler", "--steps", "0"], ["bench", "sampler", "--tp", "0", "2"],
+        ["bench", "sampler", "--threads", "0"], ["bench", "sampler", "--workload", "nope"],
+        ["bench", "sampler", "--tp", "4", "--vocab", "3"],
         ["bench", "sampler", "--plot", m["root"] + "/missing/plot.png"], ["bench", "sampler", "--plot", m["root"]],
         ["bench", "engine", "--plot", m["root"] + "/missing/plot.png"], ["bench", "engine", "--batch-sizes", "1,0"],
         ["bench", "engine", "--strategies", "replicated,fast"], ["bench", "engine", "--tp", "3"],
@@ -157,6 +159,18 @@ def test_generate_prints_each_output_then_one_json_line(models, capsys):
     assert code == 0 and len(lines) == 3, (out, err)
     assert lines[0].startswith("[0] (length, 3 tokens)") and lines[1].startswith("[1] (length, 3 tokens)")
     assert set(json.loads(lines[2])) == {"info", "stats"}
+
+
+def test_bench_sampler_runs_every_strategy_workload_and_tp_then_one_json_line(capsys):
+    code, out, err = run_cli(["bench", "sampler", "--tp", "1", "2", "--rows", "4", "--vocab", "300", "--steps", "1",
+                              "--plot", "", "--workload", "greedy", "topk-topp-lp", "--logits", "zipf"], capsys)
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["bench"], report["logits"], report["threads"]) == ("sampler", "zipf", 1)
+    got = {(r["tp"], r["workload"], r["strategy"]) for r in report["results"]}
+    assert got == {(tp, w, s) for tp in (1, 2) for w in ("greedy", "topk-topp-lp")
+                   for s in ("replicated", "batch_sharded", "vocab_parallel", "auto")}
+    assert all(r["ms"] > 0 and r["rounds"] >= 1 for r in report["results"] if r["tp"] == 2)
 
 
 def test_the_installed_entry_point_reports_mistakes_in_one_line():

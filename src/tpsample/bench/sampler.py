@@ -22,33 +22,9 @@ import time
 import torch
 
 from ..parallel import names
+from .workloads import WORKLOADS
 
 STRATEGIES = names.REPORT_ORDER
-WORKLOADS = {            # per request i: SamplingParams keyword arguments
-    "topk-topp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
-    "topk-topp-lp": lambda i: {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5 if i % 4 == 0 else None},
-    "topp": lambda i: {"temperature": 0.8, "top_p": 0.9},
-    "minp": lambda i: {"temperature": 1.0, "min_p": 0.05},
-    "temperature": lambda i: {"temperature": 0.8},
-    "greedy": lambda i: {"temperature": 0.0},
-}
-
-
-def add_args(p) -> None:
-    p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--rows", type=int, nargs="+", default=[8, 64])
-    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936])
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--workload", nargs="+", default=["topk-topp"], choices=list(WORKLOADS))
-    p.add_argument("--logits", default="randn", choices=["randn", "zipf"],
-                   help="randn x 3, or a Zipf-like row (logit -1.1 ln(rank) + noise, ranks shuffled)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (TP = 1 included)")
-    p.add_argument("--plot", default="bench_sampler.png", help="where to save the plot ('' to skip)")
-    p.add_argument("--compare", action="store_true",
-                   help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, "
-                        "wall time per call as an engine sees it (uses --rows, first --vocab, --steps as iterations)")
 
 
 def make_logits(kind: str, rows: int, vocab: int, seed: int, device) -> torch.Tensor:

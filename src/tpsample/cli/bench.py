@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from ..bench.workloads import WORKLOADS
 from ..parallel import names
 from .args import (
     UsageError,
@@ -51,6 +52,12 @@ def _sampler_parser(what) -> None:
     p.add_argument("--steps", metavar="N", type=int_at_least(1), default=3,
                    help="timed steps per case (after one warm-up step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the logits live")
+    p.add_argument("--workload", metavar="NAME", nargs="+", choices=list(WORKLOADS), default=["topk-topp"],
+                   help=f"sampling parameters of the requests, from {', '.join(WORKLOADS)}")
+    p.add_argument("--logits", choices=["randn", "zipf"], default="randn",
+                   help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled)")
+    p.add_argument("--threads", metavar="N", type=int_at_least(1), default=1,
+                   help="torch threads per rank, the same at every TP (TP = 1 included)")
     p.add_argument("--plot", metavar="PATH", default="bench_sampler.png", help="PNG path for the plot ('' to skip)")
     p.add_argument("--compare", action="store_true",
                    help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
@@ -63,6 +70,8 @@ def _check_sampler(args) -> None:
         check_device("cuda", "--compare")
         return
     check_device(args.device)
+    if max(args.tp) > min(args.vocab):
+        raise ValueError(f"--tp {max(args.tp)} exceeds --vocab {min(args.vocab)}: every rank needs a vocabulary shard")
     if args.plot:
         check_writable_file(args.plot, "--plot")
 
