@@ -16,7 +16,7 @@ from tpsample.engine import GuidedDecoding
 from tpsample.engine.core import Abort, AddRequests, NewRequest, TokenUpdate
 from tpsample.engine.detokenizer import IncrementalDetokenizer
 from tpsample.llm import LLM
-from tpsample.testing.toy import make_byte_tokenizer, make_random_checkpoint
+from tpsample.testing.toy import make_byte_tokenizer, make_chat_checkpoint, make_random_checkpoint
 
 TEXT = "Hoy, ¿cómo estás? 日本語 🎉 naïve café"
 HI = [{"role": "user", "content": "hello world"}]
@@ -29,8 +29,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_checkpoint(str(tmp_path_factory.mktemp("fe")), family="llama", vocab_size=500,
-                                  init_std=0.3, eos_token_id=0, tokenizer=True, chat_template=True)
+    return make_chat_checkpoint(str(tmp_path_factory.mktemp("fe")))
 
 
 @pytest.fixture(scope="module")

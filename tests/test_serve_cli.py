@@ -18,15 +18,14 @@ import pytest
 from tpsample import SamplingParams
 from tpsample.cli import main
 from tpsample.llm import LLM
-from tpsample.testing.toy import make_random_checkpoint
+from tpsample.testing.toy import make_chat_checkpoint
 
 ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-tokens", "2048", "--max-num-seqs", "8"]
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_checkpoint(str(tmp_path_factory.mktemp("cli")), family="llama", vocab_size=400,
-                                  init_std=0.3, eos_token_id=0, tokenizer=True, chat_template=True)
+    return make_chat_checkpoint(str(tmp_path_factory.mktemp("cli")), vocab_size=400)
 
 
 @pytest.fixture(scope="module")

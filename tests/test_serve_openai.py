@@ -17,7 +17,7 @@ from tpsample import SamplingParams
 from tpsample.llm import LLM
 from tpsample.serve.app import build_app
 from tpsample.serve.server import BackgroundServer
-from tpsample.testing.toy import make_random_checkpoint
+from tpsample.testing.toy import make_chat_checkpoint
 
 MODEL = "toy"
 ENGINE = dict(dtype="float32", kv_cache_tokens=8192, max_num_seqs=32)
@@ -26,8 +26,7 @@ HI = [{"role": "user", "content": "hello world"}]
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_checkpoint(str(tmp_path_factory.mktemp("srv")), family="llama", vocab_size=500,
-                                  init_std=0.3, eos_token_id=0, tokenizer=True, chat_template=True)
+    return make_chat_checkpoint(str(tmp_path_factory.mktemp("srv")))
 
 
 @pytest.fixture(scope="module")

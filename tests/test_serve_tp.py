@@ -13,15 +13,14 @@ from tpsample import SamplingParams
 from tpsample.llm import LLM
 from tpsample.serve.app import build_app
 from tpsample.serve.server import BackgroundServer
-from tpsample.testing.toy import make_random_checkpoint
+from tpsample.testing.toy import make_chat_checkpoint
 
 ENGINE = dict(dtype="float32", kv_cache_tokens=8192, max_num_seqs=16)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_checkpoint(str(tmp_path_factory.mktemp("srvtp")), family="qwen2", vocab_size=509,
-                                  init_std=0.3, eos_token_id=0, tokenizer=True, chat_template=True)
+    return make_chat_checkpoint(str(tmp_path_factory.mktemp("srvtp")), family="qwen2", vocab_size=509)
 
 
 def test_server_at_tp2_gives_tp1_tokens_and_frees_everything_after_a_disconnect(folder):

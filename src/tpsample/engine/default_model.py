@@ -149,14 +149,13 @@ def quiet_transformers() -> None:
 
 def toy_model_dir() -> str:
     """A tiny random Llama with a byte-level tokenizer and a chat template, built once in the cache."""
-    from tpsample.testing.toy import make_random_checkpoint
+    from tpsample.testing.toy import make_chat_checkpoint
 
     folder = os.path.join(cache_dir(), "toy-random-llama")
     if not os.path.exists(os.path.join(folder, _DONE)):
         quiet_transformers()
-        make_random_checkpoint(folder, family="llama", vocab_size=512, num_heads=6, num_kv_heads=3,
-                               intermediate_size=192, hidden_size=96, init_std=0.3, eos_token_id=0,
-                               tokenizer=True, chat_template=True)
+        make_chat_checkpoint(folder, vocab_size=512, num_heads=6, num_kv_heads=3, intermediate_size=192,
+                             hidden_size=96)
         open(os.path.join(folder, _DONE), "w").close()
     return folder
 

@@ -51,6 +51,13 @@ def make_random_checkpoint(folder: str, *, family: str = "qwen2", vocab_size: in
     return folder
 
 
+def make_chat_checkpoint(folder: str, *, family: str = "llama", vocab_size: int = 500, **kw) -> str:
+    """A random checkpoint a chat front end can talk to: a tokenizer, a chat template, EOS = 0,
+    and weights large enough (std 0.3) that greedy answers vary with the prompt."""
+    return make_random_checkpoint(folder, family=family, vocab_size=vocab_size, init_std=0.3, eos_token_id=0,
+                                  tokenizer=True, chat_template=True, **kw)
+
+
 def make_byte_tokenizer(max_vocab: int, eos_token_id: int | None = None):
     """A byte-level BPE tokenizer trained on a few strings (ids < max_vocab).
 
