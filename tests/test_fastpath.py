@@ -23,7 +23,7 @@ V = 301
 params = [P(temperature=0), P(temperature=0.8, top_k=20, top_p=0.9, seed=1), P(min_p=0.05, seed=2),
           P(top_p=0.6, seed=3, repetition_penalty=1.4, frequency_penalty=0.5), P(seed=4, logit_bias={7: 9.0}),
           P(seed=5, allowed_token_ids=[1, 2, 3]), P(top_k=3, seed=6, bad_words_token_ids=[[5]]),
-          P(top_p=0.8, seed=7, logprobs=2), P(temperature=0.5, seed=8)]
+          P(top_p=0.8, seed=7, logprobs=2), P(temperature=0.5, seed=8, repetition_penalty=1.3, presence_penalty=0.4)]
 s = tpsample.Sampler(V, seed=1, max_num_logits_per_req=3)
 for i, p in enumerate(params):
     s.add_request(str(i), p, [1, 2, 3])

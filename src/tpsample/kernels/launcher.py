@@ -5,7 +5,11 @@ microseconds per launch with ~40 arguments: several times the kernels' own time 
 sizes). `Launcher` does the first launch of each specialisation the normal way, keeps the
 compiled kernel, and later calls its launcher directly, keyed by what Triton specialises on:
 each tensor's dtype and 16-byte alignment, each integer's width class, ==1 and divisibility by
-16, and the constexpr values. Under the interpreter it always takes the normal path.
+16, and the constexpr values. A hit calls the compiled kernel's C launcher itself (what Triton's
+`compiled[grid](...)` wrapper does after looking up the device, the stream and the launch
+hooks), with the current stream; when launch hooks are installed (a profiler's), or the
+compiled kernel lacks that launcher, it takes the wrapper. Under the interpreter it always
+takes the normal path.
 """
 from __future__ import annotations
 
@@ -24,6 +28,31 @@ def _spec(a):
     return type(a)
 
 
+try:
+    from triton import knobs as _knobs
+except ImportError:             # an older Triton: always take the wrapper
+    _knobs = None
+
+
+def _no_hooks() -> bool:
+    return _knobs is not None and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None
+
+
+class _Compiled:
+    """A compiled kernel with what a direct launch needs (run None: use Triton's wrapper)."""
+
+    def __init__(self, kernel, rest: list):
+        self.kernel, self.rest = kernel, rest
+        self.run = self.function = self.packed = None
+        try:
+            kernel._init_handles()
+            run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+        except (AttributeError, TypeError):
+            return
+        if callable(run) and function is not None:
+            self.run, self.function, self.packed = run, function, packed
+
+
 class Launcher:
     def __init__(self, fn):
         self.fn = fn
@@ -38,14 +67,22 @@ class Launcher:
         key = (tuple(_spec(a) for a in args), tuple(sorted(constexprs.items())))
         compiled = self.cache.get(key)
         if compiled is None:
-            compiled = self.fn[grid](*args, **constexprs)
-            if compiled is not None and hasattr(compiled, "run"):
-                self.cache[key] = compiled
+            kernel = self.fn[grid](*args, **constexprs)
+            if kernel is not None and hasattr(kernel, "run"):
+                self.cache[key] = _Compiled(kernel, [constexprs[n] for n in self.names[len(args):] if n in constexprs])
             return
-        rest = [constexprs[n] for n in self.names[len(args):] if n in constexprs]
+        rest = compiled.rest
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        if compiled.run is not None and _no_hooks():
+            stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+            try:
+                compiled.run(grid3[0], grid3[1], grid3[2], stream, compiled.function, compiled.packed, None, None,
+                             None, *args, *rest)
+                return
+            except TypeError:   # this Triton's launcher takes other arguments (checked before it launches)
+                compiled.run = None
         try:
-            runner = compiled[grid3]
+            runner = compiled.kernel[grid3]
         except (AttributeError, TypeError):
             self.direct = False
             self.fn[grid](*args, **constexprs)

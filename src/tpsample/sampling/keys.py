@@ -44,3 +44,12 @@ def mask_nans_kernel(device: torch.device):
         return None
     from ..kernels.step_ops import mask_nans_
     return mask_nans_
+
+
+def penalty_kernel(device: torch.device):
+    """The one-launch penalty kernel for `device` (`kernels.penalties`), or None (torch ops then)."""
+    probe = torch.empty(0, device=device)
+    if not _kernel_ok(probe):
+        return None
+    from ..kernels.penalties import apply_penalties_
+    return apply_penalties_

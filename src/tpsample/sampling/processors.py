@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics import NEG_INF
-from ..state.rowbatch import AllowedRows, PaddedRows
+from ..state.rowbatch import AllowedRows, PaddedRows, PenaltyRows
 from .filters import row_chunks
 
 
@@ -85,14 +85,27 @@ def apply_banned(l: torch.Tensor, banned: tuple[PaddedRows, ...] | None, col_sta
         l[rows, col] = torch.where(live, torch.full_like(old, NEG_INF), old)
 
 
-def apply_penalties(l: torch.Tensor, seen: PaddedRows | None, out_tokens: PaddedRows | None,
-                    rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, col_start: int) -> None:
-    """Repetition on seen tokens (l > 0: l / r, else l * r), then frequency and presence on outputs."""
+def apply_penalties(l: torch.Tensor, pen: PenaltyRows | None, col_start: int) -> None:
+    """Repetition on seen tokens (prompt set + outputs; l > 0: l / r, else l * r), then frequency
+    and presence on outputs (l - f * count - p). One kernel on a kernel device, else torch."""
+    if pen is None or l.shape[1] == 0:
+        return
+    if l.stride(1) == 1:
+        from .keys import penalty_kernel
+        kernel = penalty_kernel(l.device)
+        if kernel is not None:
+            ordered = torch.sort(pen.seq, dim=1).values
+            kernel(l, col_start, pen.rows, pen.slots, ordered, pen.prompt_table, pen.prompt_width, pen.f32_table,
+                   pen.columns)
+            return
+    rep, freq, pres = pen.values()
+    seen = PaddedRows(pen.rows, torch.cat([pen.prompt(), pen.seq], dim=1))
     if not _skip(seen, l):
         rows, col, _, live = _targets(seen, col_start, l.shape[1])
         v = l[rows, col]
-        r = rep.index_select(0, seen.rows).unsqueeze(1)
+        r = rep.unsqueeze(1)
         l[rows, col] = torch.where(live, torch.where(v > 0, v / r, v * r), v)
+    out_tokens = PaddedRows(pen.rows, pen.seq)
     if not _skip(out_tokens, l):
         tok = out_tokens.tokens
         ordered = torch.sort(tok, dim=1).values
@@ -100,8 +113,8 @@ def apply_penalties(l: torch.Tensor, seen: PaddedRows | None, out_tokens: Padded
         rows, col, src, live = _targets(out_tokens, col_start, l.shape[1])
         v = l[rows, col]
         c = counts.gather(1, src)
-        new = v - freq.index_select(0, out_tokens.rows).unsqueeze(1) * c
-        new = new - pres.index_select(0, out_tokens.rows).unsqueeze(1) * (c > 0).float()
+        new = v - freq.unsqueeze(1) * c
+        new = new - pres.unsqueeze(1) * (c > 0).float()
         l[rows, col] = torch.where(live, new, v)
 
 
@@ -133,4 +146,4 @@ def apply_token_processors(l: torch.Tensor, b, col_start: int) -> None:
     apply_allowed(l, b.allowed, col_start)
     apply_bias(l, b.bias, col_start)
     apply_banned(l, b.banned, col_start)
-    apply_penalties(l, b.seen, b.out_tokens, b.rep, b.freq, b.pres, col_start)
+    apply_penalties(l, b.penalties, col_start)

@@ -10,6 +10,7 @@ Memory per slot: 4 bytes x the longest history in the table (the capacity double
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import numpy as np
@@ -25,6 +26,24 @@ class History:
         self.upper = np.zeros(16, dtype=np.int64)    # host upper bound of num_out per slot
         self.steps = np.zeros(16, dtype=np.int64)    # host lower bound of num_out per slot
         self._reset: list[int] = []
+        self.full_views = False     # per-step views span the whole capacity (see `full_width`)
+
+    @contextlib.contextmanager
+    def full_width(self):
+        """While a step is recorded into a CUDA graph: per-step history views (penalty counts,
+        bad words) span the whole capacity instead of the longest current history, so the
+        recorded shapes stay valid for the tokens appended by later replays."""
+        self.full_views = True
+        try:
+            yield
+        finally:
+            self.full_views = False
+
+    def view_width(self, slots: np.ndarray) -> int:
+        """Columns of a per-step view of these slots' histories."""
+        if self.full_views:
+            return self.capacity
+        return int(self.upper[slots].max()) if len(slots) else 0
 
     @property
     def capacity(self) -> int:

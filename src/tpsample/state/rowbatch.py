@@ -34,6 +34,35 @@ class AllowedRows:
 
 
 @dataclass(frozen=True)
+class PenaltyRows:
+    """Rows with a repetition, frequency or presence penalty (one list for all three: a penalty a
+    row does not use is the identity, rep 1 / freq 0 / pres 0).
+
+    rows / slots [m] int64 (device): batch rows and their slots; seq [m, W] int64: each row's
+    outputs, then the drafts before the row (-1 pad), in order; prompt_table [slots, cap] int32
+    (or None): each slot's distinct prompt tokens, ascending, -1 padded (empty without a
+    repetition penalty); prompt_width: the longest of the rows' prompt sets; f32_table / columns:
+    the per-slot parameter table and its (rep, freq, pres) columns."""
+    rows: torch.Tensor
+    slots: torch.Tensor
+    seq: torch.Tensor
+    prompt_table: Optional[torch.Tensor]
+    prompt_width: int
+    f32_table: torch.Tensor
+    columns: tuple
+
+    def prompt(self) -> torch.Tensor:
+        """[m, prompt_width] int64 the rows' prompt sets (-1 pad)."""
+        if self.prompt_table is None or self.prompt_width == 0:
+            return self.seq.new_full((self.rows.shape[0], 0), -1)
+        return self.prompt_table.index_select(0, self.slots)[:, : self.prompt_width].to(torch.int64)
+
+    def values(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rep, freq, pres) [m] fp32."""
+        return tuple(self.f32_table[c].index_select(0, self.slots) for c in self.columns)
+
+
+@dataclass(frozen=True)
 class HostRows:
     """Per-row parameters on the host (numpy), for decisions that must not read the device."""
     temperature: np.ndarray   # [n] float32
@@ -64,14 +93,13 @@ class RowBatch:
 
     def __init__(self, *, num_rows: int, vocab_size: int, source: RowSource, draft_tokens: torch.Tensor,
                  host: HostRows, bias: Optional[PaddedRows] = None, allowed: Optional[AllowedRows] = None,
-                 banned: Optional[tuple] = None, seen: Optional[PaddedRows] = None,
-                 out_tokens: Optional[PaddedRows] = None, lp_raw_rows: Optional[torch.Tensor] = None,
+                 banned: Optional[tuple] = None, penalties: Optional[PenaltyRows] = None, lp_raw_rows: Optional[torch.Tensor] = None,
                  lp_proc_rows: Optional[torch.Tensor] = None):
         self.num_rows, self.vocab_size, self.source = num_rows, vocab_size, source
         self.draft_tokens = draft_tokens            # [n] int64 (-1 = bonus / no draft)
         self.host = host
         self.bias, self.allowed, self.banned = bias, allowed, banned   # banned: min_tokens stops, bad words
-        self.seen, self.out_tokens = seen, out_tokens     # repetition rows: prompt set + history; freq/pres rows
+        self.penalties = penalties                  # rows with repetition / frequency / presence penalties
         self.lp_raw_rows, self.lp_proc_rows = lp_raw_rows, lp_proc_rows   # [m] rows wanting raw / processed
         self._cache: dict = {}
 
@@ -159,4 +187,4 @@ class RowBatch:
 
     @property
     def uses_processors(self) -> bool:
-        return any(x is not None for x in (self.bias, self.allowed, self.banned, self.seen, self.out_tokens))
+        return any(x is not None for x in (self.bias, self.allowed, self.banned, self.penalties))

@@ -22,15 +22,18 @@ from .columns import (
     F_REP,
     F_STOPS,
     FLAGS,
+    FREQ,
     MIN_P,
     MIN_TOKENS,
     NUM_LP,
+    PRES,
     PROCESSED,
+    REP,
     TOP_K,
     TOP_P,
     T,
 )
-from .rowbatch import AllowedRows, HostRows, PaddedRows, RowBatch, RowSource
+from .rowbatch import AllowedRows, HostRows, PaddedRows, PenaltyRows, RowBatch, RowSource
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def _static_part(store, rows: RowsView, device: torch.device) -> dict:
     hf, hi = store.f32.host[:, slots], store.i64.host[:, slots]
     flags = hi[FLAGS]
     want = {name: np.flatnonzero(flags & bit) for name, bit in
-            (("bias", F_BIAS), ("allowed", F_ALLOWED), ("bad", F_BAD), ("rep", F_REP), ("freq", F_FREQ))}
+            (("bias", F_BIAS), ("allowed", F_ALLOWED), ("bad", F_BAD), ("penalty", F_REP | F_FREQ))}
     wants_lp = hi[NUM_LP] >= 0
     want["lp_raw"] = np.flatnonzero(wants_lp & (hi[PROCESSED] == 0))
     want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
@@ -103,7 +106,7 @@ def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
         num_rows=len(rows.slots), vocab_size=store.vocab_size, source=source, draft_tokens=c["draft"], host=c["host"],
         bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
         banned=ctx.banned(want["stops"], idx["stops"], want["bad"], idx["bad"]),
-        seen=ctx.seen(want["rep"], idx["rep"]), out_tokens=ctx.outputs(want["freq"], idx["freq"]),
+        penalties=ctx.penalties(want["penalty"], idx["penalty"]),
         lp_raw_rows=idx["lp_raw"] if len(want["lp_raw"]) else None,
         lp_proc_rows=idx["lp_proc"] if len(want["lp_proc"]) else None,
     )
@@ -157,7 +160,7 @@ class _Ctx:
     def _sequence(self, r_np, r_d) -> tuple[torch.Tensor, torch.Tensor]:
         """(history + drafts before the row [m, W] int64 (-1 pad), its length [m]) for rows r."""
         rows = self.rows
-        width = int(self.store.history.upper[rows.slots[r_np]].max()) if len(r_np) else 0
+        width = self.store.history.view_width(rows.slots[r_np])
         d = 0 if rows.drafts_before is None else rows.drafts_before.shape[1]
         seq = self.store.history.rows(self.slots_d.index_select(0, r_d), width + d)
         n = self.num_out.index_select(0, r_d)
@@ -185,14 +188,10 @@ class _Ctx:
         last = toks.gather(1, (starts + lens - 1).clamp(0, toks.shape[1] - 1))
         return torch.where(match, last, torch.full_like(last, -1))
 
-    def seen(self, r_np, r_d) -> Optional[PaddedRows]:
+    def penalties(self, r_np, r_d) -> Optional[PenaltyRows]:
         if not len(r_np):
             return None
-        seq, _ = self._sequence(r_np, r_d)
-        prompt = self._table("prompt_set", r_np, r_d).to(torch.int64)
-        return PaddedRows(r_d, torch.cat([prompt, seq], dim=1))
-
-    def outputs(self, r_np, r_d) -> Optional[PaddedRows]:
-        if not len(r_np):
-            return None
-        return PaddedRows(r_d, self._sequence(r_np, r_d)[0])
+        table = self.store.padded["prompt_set"]
+        width = table.max_length(self.rows.slots[r_np])
+        return PenaltyRows(r_d, self.slots_d.index_select(0, r_d), self._sequence(r_np, r_d)[0],
+                           table.table, width, self.source.f32_table, (REP, FREQ, PRES))
