@@ -103,6 +103,8 @@ class Sampler:
         self.uid = next(_UIDS)
         self._serial = 0
         self._last_plan: Optional[SamplingPlan] = None
+        self._checked: tuple = (None, -1)    # (plan, slot-table version) last found current
+        self._append = None                  # the history-append kernel of self.device (or None)
         self._check = Collectives(self.group.cpu_twin()) if (check_plans and self.group.size > 1) else None
         self.last_stats: Optional[StepStats] = None
         self.auto = MeasuredAuto(self.group, vocab_size)    # measured on first use (strategy "auto")
@@ -155,8 +157,7 @@ class Sampler:
         if (last is not None and draft_token_ids is None and grammar_bitmask is None and strategy is None
                 and last.grammar_bitmask is None and not last.has_drafts and isinstance(req_ids, list)
                 and len(req_ids) == last.num_reqs and tuple(req_ids) == last.req_ids
-                and np.array_equal(self.store.slots.generation[last.slots], last.generations)
-                and self._plan_auto_version == self.auto.version):
+                and self._current(last) and self._plan_auto_version == self.auto.version):
             return last
         req_ids = check_req_ids(req_ids)
         slots = self.store.slots.slots_of(req_ids)
@@ -206,6 +207,8 @@ class Sampler:
         dev = local_logits.device
         if self.device is None:
             self.device = dev
+        if self._append is None or self._append[0] != dev:
+            self._append = (dev, append_kernel(dev))
         comm = Collectives(self.group)
         if self._check is not None:
             self._agree(plan)
@@ -223,7 +226,7 @@ class Sampler:
         rounds = comm.stats.num_collectives - before
         m = plan.max_rows
         slots_dev = plan.device_array("slots", plan.slots, dev)
-        store.append(slots_dev, result.block[:, :m], result.block[:, m], append_kernel(dev))
+        store.append(slots_dev, result.block[:, :m], result.block[:, m], self._append[1])
         store.history.note_step(plan.slots, plan.rows_per_req)
         peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
         self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
@@ -247,9 +250,20 @@ class Sampler:
             raise ValueError(f"plan must be a SamplingPlan from Sampler.plan, got {type(plan).__name__}")
         if plan.sampler_uid != self.uid:
             raise ValueError("plan was built by another Sampler; build it with this sampler's plan()")
-        if plan.num_reqs and not np.array_equal(self.store.slots.generation[plan.slots], plan.generations):
+        if plan.num_reqs and not self._current(plan):
             raise ValueError("plan is stale: a request it names was removed (or its slot reused) after "
                              "plan() was called; call plan() again")
+
+    def _current(self, plan: SamplingPlan) -> bool:
+        """No request the plan names was removed or replaced since plan() (one integer compare
+        when the slot table did not change since this plan was last found current)."""
+        version = self.store.slots.version
+        if self._checked[0] is plan and self._checked[1] == version:
+            return True
+        ok = bool(np.array_equal(self.store.slots.generation[plan.slots], plan.generations))
+        if ok:
+            self._checked = (plan, version)
+        return ok
 
     def _agree(self, plan: SamplingPlan) -> None:
         """Every rank must be sampling the same plan (same requests, order, drafts, strategy);

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
 
 from tpsample.kernels.attention import LOG2E, compiled
+
+from .launcher import cdiv, next_pow2
 
 DECODE_BLOCK_N = 64
 PREFILL_BLOCK_M = 64
@@ -24,8 +25,8 @@ def num_decode_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     """Splits per sequence: enough programs for about two waves, a power of two, at most one per
     `DECODE_BLOCK_N` keys of the longest possible context."""
     want = max(1, (2 * num_sms) // max(1, num_seqs * num_kv_heads))
-    cap = min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(max_seq_len, DECODE_BLOCK_N)))
-    return min(triton.next_power_of_2(want), max(1, cap))
+    cap = min(MAX_SPLITS, next_pow2(cdiv(max_seq_len, DECODE_BLOCK_N)))
+    return min(next_pow2(want), max(1, cap))
 
 
 def prefill_tiles(query_lens: np.ndarray, block_m: int = PREFILL_BLOCK_M) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +46,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     num_seqs, num_heads, dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    d_pad = triton.next_power_of_2(dim)
+    d_pad = next_pow2(dim)
     out = torch.empty_like(q) if out is None else out
     k = compiled()
     if num_splits == 1:
@@ -57,7 +58,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     k.decode_split[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_m, part_l, part_acc, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=dim,
+        out.stride(0), out.stride(1), G=group, G_PAD=max(16, next_pow2(group)), D=dim,
         D_PAD=d_pad, PAGE=page, BLOCK_N=DECODE_BLOCK_N, NUM_SPLITS=num_splits, PRECISION=_precision(q.dtype),
         num_warps=4)
     if num_splits > 1:
@@ -81,6 +82,6 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     compiled().prefill[(num_tiles, num_heads)](
         q, k_cache, v_cache, block_tables, seq_lens, cu_query_lens, tile_seq, tile_start, out, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), G=group, D=dim, D_PAD=triton.next_power_of_2(dim), PAGE=page,
+        out.stride(0), out.stride(1), G=group, D=dim, D_PAD=next_pow2(dim), PAGE=page,
         BLOCK_M=block_m, BLOCK_N=PREFILL_BLOCK_N, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2)
     return out

@@ -42,14 +42,24 @@ def interpreting() -> bool:
 
 def kernels_available(device) -> bool:
     """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
-    dev = torch.device(device)
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if kind == "cuda":
+        return _cuda_triton()
+    return kind == "cpu" and interpreting() and _triton_importable()
+
+
+@functools.cache
+def _triton_importable() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
-    if dev.type == "cuda":
-        return torch.cuda.is_available()
-    return dev.type == "cpu" and interpreting()
+    return True
+
+
+@functools.cache
+def _cuda_triton() -> bool:
+    return _triton_importable() and torch.cuda.is_available()
 
 
 def _pow2(n: int) -> int:

@@ -18,6 +18,16 @@ import os
 import torch
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints (triton.cdiv is a constexpr function: microseconds per call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host ints."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def _spec(a):
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)

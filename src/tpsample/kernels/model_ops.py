@@ -22,6 +22,8 @@ import triton.language as tl
 
 from tpsample.kernels.attention import interpreting
 
+from .launcher import cdiv, next_pow2
+
 
 def _rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, stride_x, stride_r, N: tl.constexpr,
               BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
@@ -106,7 +108,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _kernels().rms_norm[(num_rows,)](
             x, residual if residual is not None else x, weight, out, res_out if res_out is not None else out, eps,
             x.stride(0), residual.stride(0) if residual is not None else 0, N=n,
-            BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None, num_warps=4)
+            BLOCK=next_pow2(n), HAS_RESIDUAL=residual is not None, num_warps=4)
     return out, res_out
 
 
@@ -115,9 +117,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     num_rows, two_n = gate_up.shape
     n = two_n // 2
     out = torch.empty(num_rows, n, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, triton.next_power_of_2(n))
+    block = min(1024, next_pow2(n))
     if num_rows:
-        _kernels().silu_mul[(num_rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), N=n, BLOCK=block,
+        _kernels().silu_mul[(num_rows, cdiv(n, block))](gate_up, out, gate_up.stride(0), N=n, BLOCK=block,
                                                                 num_warps=4)
     return out
 
@@ -139,4 +141,4 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: tor
     _kernels().rope_store[(num_tokens, num_q + num_kv)](
         q, k, v, positions, cos_sin, slots, kc, vc, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), kc.stride(0) if store else 0, kc.stride(1) if store else 0, NUM_Q=num_q,
-        D=dim, HALF=half, HALF_PAD=triton.next_power_of_2(half), D_PAD=triton.next_power_of_2(dim), num_warps=1)
+        D=dim, HALF=half, HALF_PAD=next_pow2(half), D_PAD=next_pow2(dim), num_warps=1)

@@ -69,7 +69,10 @@ CACHE_SIZE = 8
 def workspace_for(rows, splits, nblk, cfg, dev) -> Workspace:
     """A workspace per (device, stream, shape): kernels on one stream run in order, so reusing it
     across calls is safe there and saves ~30 tensor views per call. At most CACHE_SIZE are kept."""
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    if dev.type == "cuda":    # the raw stream id (torch.cuda.current_stream builds a Python object)
+        stream = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
+    else:
+        stream = 0
     key = (str(dev), stream, rows, splits, nblk, cfg)
     ws = _CACHE.get(key)
     if ws is None:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launcher import Launcher
+from .launcher import Launcher, cdiv, next_pow2
 from .rng_triton import fmix32
 
 ROW_KEY1_SALT = tl.constexpr(0x68E31DA4)
@@ -53,7 +53,7 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[t
     k1 = torch.empty_like(k0)
     if n:
         block = 256
-        _ROW_KEYS((triton.cdiv(n, block),), seeds.contiguous(), positions.contiguous(), k0, k1, n,
+        _ROW_KEYS((cdiv(n, block),), seeds.contiguous(), positions.contiguous(), k0, k1, n,
                   salt & 0xFFFFFFFF, BLOCK=block)
     return k0, k1
 
@@ -82,7 +82,7 @@ def append_history(tokens: torch.Tensor, num_out: torch.Tensor, slots: torch.Ten
     n = slots.shape[0]
     if n == 0:
         return
-    width = triton.next_power_of_2(max(1, sampled.shape[1]))
+    width = next_pow2(max(1, sampled.shape[1]))
     _APPEND((n,), tokens, tokens.stride(0), num_out, slots, sampled, sampled.stride(0), num_sampled,
             num_sampled.stride(0), tokens.shape[1] - 1, WIDTH=width)
 
@@ -112,8 +112,8 @@ def mask_nans_(l: torch.Tensor) -> torch.Tensor:
     counts = torch.zeros(rows, dtype=torch.int64, device=l.device)
     if rows and cols:
         block = 1024
-        chunk = block * max(1, triton.cdiv(triton.cdiv(cols, block), 8))
-        _MASK_NANS((rows, triton.cdiv(cols, chunk)), l, l.stride(0), cols, counts, CHUNK=chunk, BLOCK=block)
+        chunk = block * max(1, cdiv(cdiv(cols, block), 8))
+        _MASK_NANS((rows, cdiv(cols, chunk)), l, l.stride(0), cols, counts, CHUNK=chunk, BLOCK=block)
     return counts
 
 
@@ -153,7 +153,7 @@ def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, colum
     k0, k1 = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int64, device=dev)
     if n:
         block = 256
-        _PREPARE((triton.cdiv(n, block),), f32_table, f32_table.stride(0), i64_table, i64_table.stride(0), num_out,
+        _PREPARE((cdiv(n, block),), f32_table, f32_table.stride(0), i64_table, i64_table.stride(0), num_out,
                  slots, offsets, n, salt & 0xFFFFFFFF, t, k, p, lmp, k0, k1, BLOCK=block, **columns)
     return t, k, p, lmp, k0, k1
 
@@ -240,5 +240,5 @@ def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table
     if rows:
         _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
                 top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
-                WP=triton.next_power_of_2(width), **columns)
+                WP=next_pow2(width), **columns)
     return ids, vals, ranks

@@ -30,13 +30,19 @@ def _wanted(x: torch.Tensor) -> bool:
 
 
 def hints_from_host(host: HostRows, vocab_size: int):
-    """The kernels' RowHints from host-side parameters (never a device read)."""
+    """The kernels' RowHints from host-side parameters (never a device read); computed once per
+    set of rows (the host rows of a plan are reused step after step)."""
+    got = host.memo.get(("hints", vocab_size))
+    if got is not None:
+        return got
     from ..kernels.dispatch import RowHints
     sampled = host.temperature != 0
     kp = sampled & (((host.top_k > 0) & (host.top_k < vocab_size)) | (host.top_p < 1))
     filt = kp | (sampled & (host.min_p > 0))
-    return RowHints(any_filter=bool(filt.any()), any_top_k_or_p=bool(kp.any()),
-                    any_greedy=bool((~sampled).any()), any_plain=bool((sampled & ~filt).any()))
+    got = host.memo[("hints", vocab_size)] = RowHints(
+        any_filter=bool(filt.any()), any_top_k_or_p=bool(kp.any()), any_greedy=bool((~sampled).any()),
+        any_plain=bool((sampled & ~filt).any()))
+    return got
 
 
 def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,

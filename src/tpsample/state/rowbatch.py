@@ -10,7 +10,7 @@ needs, so the pipeline skips the others and never reads the device to decide.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -72,6 +72,7 @@ class HostRows:
     num_logprobs: np.ndarray  # [n] int64 (-1 = none)
     processed: np.ndarray     # [n] bool
     has_draft: np.ndarray     # [n] bool
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class SlotTable:
         self._next = 0                       # slots >= _next were never used
         self.generation = np.zeros(16, dtype=np.int64)
         self.requests: dict[str, RequestInfo] = {}
+        self.version = 0                     # bumped with every generation change (a cheap staleness test)
 
     @property
     def high_water(self) -> int:
@@ -64,6 +65,7 @@ class SlotTable:
             grown[: len(self.generation)] = self.generation
             self.generation = grown
         self.generation[slot] += 1
+        self.version += 1
         return slot
 
     def register(self, info: RequestInfo) -> None:
@@ -75,6 +77,7 @@ class SlotTable:
             raise ValueError(f"req_id {req_id!r} is not active")
         heapq.heappush(self._freed, info.slot)
         self.generation[info.slot] += 1          # plans naming the old occupant are now stale
+        self.version += 1
         return info
 
     def get(self, req_id: str) -> RequestInfo:

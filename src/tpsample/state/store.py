@@ -51,9 +51,11 @@ class RequestStore:
         self.bad_longest = np.zeros(16, dtype=np.int64)
         self.history = History()
         self.device: Optional[torch.device] = None
+        self._synced: Optional[tuple] = None      # (device, rows) of the last sync while nothing was added since
 
     # -- requests -----------------------------------------------------------------------------
     def add(self, req_id: str, params: SamplingParams, prompt: list[int], seed: int) -> RequestInfo:
+        self._synced = None
         slot = self.slots.allocate(req_id)
         rows = self.slots.high_water
         self.f32.ensure_rows(rows)
@@ -114,13 +116,16 @@ class RequestStore:
     # -- per step -----------------------------------------------------------------------------
     def sync(self, device: torch.device, need_history: int) -> None:
         """Device tables current (staged writes flushed) with room for `need_history` tokens."""
-        self.device = device
         rows = self.slots.high_water
+        if self._synced == (device, rows) and need_history <= self.history.capacity:
+            return                       # nothing was added and the history has room: all current
+        self.device = device
         self.f32.sync(device)
         self.i64.sync(device)
         for table in self.padded.values():
             table.sync(device, rows)
         self.history.sync(device, rows, need_history)
+        self._synced = (device, rows)
 
     def row_batch(self, rows, device: torch.device) -> RowBatch:
         """The RowBatch of `rows` (a `RowsView`: slots, draft offsets, draft tokens per row)."""
