@@ -16,7 +16,7 @@ timeout 170 python3 -m pytest -q -m "gpu or not gpu" tests/test_sampler_cuda.py 
 echo "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log"
 fi
 if [ "$part" = all ] || [ "$part" = compare ]; then
-timeout 110 python3 -m tpsample.cli bench sampler --compare --rows 256 1024 --vocab 151936 --steps 20 \
+timeout 240 python3 -m tpsample.cli bench sampler --compare --rows 256 1024 --vocab 151936 --steps 20 \
     > "$OUT/compare.log" 2>&1; echo "compare rc=$?"; grep -v "^{" "$OUT/compare.log" | tail -24
 fi
 if [ "$part" = all ] || [ "$part" = engine ]; then

@@ -1,13 +1,26 @@
 """Sampler outputs, and the per-request assembly of per-row results (spec decode aware).
 
 Assembly runs on the device with tensor ops (no loop over requests). A `SamplerOutput` holds
-the results on the device plus, on CUDA, one pinned host copy started without waiting; its host
-fields (`sampled_token_ids`, `num_sampled`, ...) wait for that copy the first time they are
-read, so `Sampler.sample` itself never synchronises. `device_*` fields give the device tensors
-(an engine can feed the sampled ids straight into the next step).
+the results on the device plus their host copy: every result tensor (the packed block and, with
+logprobs, ids, ranks and values) goes to the host in ONE device-to-host copy of their bytes
+(`HostLayout`). Its host fields (`sampled_token_ids`, `num_sampled`, ...) wait for that copy the
+first time they are read, so sampling itself never synchronises. `device_*` fields give the
+device tensors (an engine can feed the sampled ids straight into the next step).
+
+Two ways the copy is made:
+- eager (`SamplerOutput(block, max_rows, logprobs)`, what `Sampler.sample` returns): on CUDA the
+  constructor starts a non-blocking copy into a fresh pinned buffer and records an event.
+- shared (`SamplerOutput.from_shared(results)`, what a captured step's `replay()` returns): the
+  CUDA graph itself copies into one persistent pinned buffer (`ReplayResults`) that every replay
+  reuses. An output never hands out that buffer: reading it copies the bytes out first, and
+  before the next replay overwrites the buffer, `ReplayResults.release()` gives the previous
+  output, if it is still alive and unread, its own copy (see there). Its `device_*` fields are
+  the graph's static tensors: like any CUDA-graph output they hold the next replay's values
+  once that replay runs.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,56 +82,136 @@ def assemble(emitted: torch.Tensor, accepted: torch.Tensor, fallback: torch.Tens
     return torch.cat([tokens, torch.stack([k + 1, layout.num_rows - 1 - k, nans, fb], dim=1)], dim=1)
 
 
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+
+
+class HostLayout:
+    """Where a step's result tensors lie in one flat byte buffer, so they travel in one copy.
+
+    Parts: the block, then (with logprobs) token ids, ranks and values, each at a byte offset
+    that is a multiple of its element size (larger elements first), so the host views them in
+    place. `pack` gives the flat bytes on the device (a view of the block when it is alone and
+    contiguous: no kernel); `unpack` gives numpy views of a host copy of those bytes."""
+
+    def __init__(self, block: torch.Tensor, logprobs: Optional[LogprobsOutput]):
+        self.parts, at, last = [], 0, 8
+        for t in _parts(block, logprobs):
+            size = t.element_size()
+            if size > last or t.dtype not in _NUMPY:
+                raise ValueError(f"result tensors: int64 / int32 / fp32, largest first, got {t.dtype} after "
+                                 f"{last}-byte elements")
+            n = t.numel() * size
+            self.parts.append((at, at + n, np.dtype(_NUMPY[t.dtype]), tuple(t.shape)))
+            at, last = at + n, size
+        self.nbytes = at
+
+    def matches(self, block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> bool:
+        return HostLayout(block, logprobs).parts == self.parts
+
+    @staticmethod
+    def pack(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> torch.Tensor:
+        """[nbytes] uint8 on the results' device."""
+        parts = [t.reshape(-1).view(torch.uint8) for t in _parts(block, logprobs)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def unpack(self, host: np.ndarray) -> tuple[np.ndarray, Optional[LogprobsOutput]]:
+        """(block numpy, logprobs as CPU tensors or None): views of `host`, the packed bytes."""
+        views = [host[a:b].view(dtype).reshape(shape) for a, b, dtype, shape in self.parts]
+        if len(views) == 1:
+            return views[0], None
+        ids, ranks, vals = (torch.from_numpy(v) for v in views[1:])
+        return views[0], LogprobsOutput(ids, vals, ranks)
+
+
+def _parts(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> tuple:
+    return (block,) if logprobs is None else (block, logprobs.token_ids, logprobs.ranks, logprobs.logprobs)
+
+
 class SamplerOutput:
     """One step's results, identical on every rank, in batch order.
 
     sampled_token_ids [num_reqs, max_rows] int64 (-1 = padding), num_sampled / num_rejected /
     num_nans / num_fallback [num_reqs] int64, logprobs (LogprobsOutput, rows in batch order) or
-    None. These host tensors are ready on first access (a wait for the step's one copy).
+    None. These host tensors are ready on first access (a wait for the step's one copy); on a
+    device they are this output's own copy: no later step or replay changes them.
     """
 
     def __init__(self, block: torch.Tensor, max_rows: int, logprobs: Optional[LogprobsOutput] = None):
-        self.device_block = block                          # [num_reqs, max_rows + 4] int64
-        self.max_rows = max_rows
-        self.device_logprobs = logprobs
-        self._host: Optional[tuple] = None
-        self._ready: Optional[torch.cuda.Event] = None
-        self._pending: Optional[tuple] = None
+        self._setup(block, max_rows, logprobs)
         if block.is_cuda:
             self._start_copy()
 
+    def _setup(self, block, max_rows, logprobs) -> None:
+        self.device_block = block                          # [num_reqs, max_rows + 4] int64
+        self.max_rows = max_rows
+        self.device_logprobs = logprobs
+        self._np: Optional[np.ndarray] = None              # the host block, once there
+        self._host_lp: Optional[LogprobsOutput] = None
+        self._host: Optional[tuple] = None                 # the host fields, built on first access
+        self._ready: Optional[torch.cuda.Event] = None     # the copy this output waits for
+        self._pending: Optional[tuple] = None              # (layout, host bytes, device bytes) of that copy
+        self._shared: Optional[ReplayResults] = None       # shared mode: the captured step's buffer
+
+    @classmethod
+    def from_shared(cls, results: "ReplayResults") -> "SamplerOutput":
+        """The output of a replay: its graph copied the results into `results.host`, and
+        `results.event` was recorded after it (nothing is copied or recorded here)."""
+        out = cls.__new__(cls)
+        out._setup(results.block, results.max_rows, results.logprobs)
+        out._shared, out._ready = results, results.event
+        return out
+
     def _start_copy(self) -> None:
-        parts = [self.device_block.reshape(-1)]
-        lp = self.device_logprobs
-        if lp is not None:
-            parts += [lp.token_ids.reshape(-1), lp.logprobs.reshape(-1).view(torch.int32).to(torch.int64),
-                      lp.ranks.reshape(-1)]
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(flat, non_blocking=True)
-        self._ready = torch.cuda.Event()
-        self._ready.record()
-        self._pending = (host, flat)
+        """Eager: one non-blocking copy of every result into a fresh (pinned, on CUDA) host buffer."""
+        layout = HostLayout(self.device_block, self.device_logprobs)
+        self._copy_out(layout, layout.pack(self.device_block, self.device_logprobs))
+
+    def _copy_out(self, layout: HostLayout, flat: torch.Tensor) -> None:
+        cuda = flat.is_cuda
+        host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=cuda)
+        host.copy_(flat, non_blocking=cuda)
+        self._ready = None
+        if cuda:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        self._pending = (layout, host, flat)           # flat stays alive until the copy is read
+
+    def _detach(self) -> None:
+        """Shared mode, before the next replay overwrites the shared buffer: make this output
+        independent of it. Its replay finished (or no device): copy the host bytes now. Still
+        running: queue a copy of the graph's device bytes into a buffer of its own, on the stream
+        ahead of the next replay, so the host never waits here."""
+        results = self._shared
+        if results is None or self._np is not None:
+            return
+        if self._ready is None or self._ready.query():
+            self._np, self._host_lp = results.layout.unpack(results.host_np.copy())
+        else:
+            self._copy_out(results.layout, results.staging)
+        self._shared = None
+
+    def _host_block(self) -> np.ndarray:
+        """The host block [num_reqs, max_rows + 4] int64 (numpy), waiting for the copy once."""
+        if self._np is None:
+            if self._shared is not None:        # shared buffer: copy the bytes out (the next replay reuses it)
+                if self._ready is not None:
+                    self._ready.synchronize()
+                self._np, self._host_lp = self._shared.layout.unpack(self._shared.host_np.copy())
+                self._shared = None
+            elif self._pending is not None:     # a buffer of its own
+                if self._ready is not None:
+                    self._ready.synchronize()
+                layout, host, _ = self._pending
+                self._np, self._host_lp = layout.unpack(host.numpy())
+                self._pending = None
+            else:                               # CPU: the device tensors are host tensors
+                self._np, self._host_lp = self.device_block.numpy(), self.device_logprobs
+        return self._np
 
     def _materialise(self) -> tuple:
         if self._host is None:
-            if self._pending is None:          # CPU: the device tensors are host tensors
-                block, lp = self.device_block, self.device_logprobs
-            else:
-                self._ready.synchronize()
-                host = self._pending[0]
-                n = self.device_block.numel()
-                block = host[:n].view(self.device_block.shape)
-                lp = None
-                if self.device_logprobs is not None:
-                    d = self.device_logprobs
-                    a, b = n + d.token_ids.numel(), n + 2 * d.token_ids.numel()
-                    lp = LogprobsOutput(host[n:a].view(d.token_ids.shape),
-                                        host[a:b].to(torch.int32).view(torch.float32).view(d.logprobs.shape),
-                                        host[b:].view(d.ranks.shape))
-                self._pending = None
-            m = self.max_rows
-            self._host = (block[:, :m], block[:, m], block[:, m + 1], block[:, m + 2], block[:, m + 3], lp)
+            block, m = torch.from_numpy(self._host_block()), self.max_rows
+            self._host = (block[:, :m], block[:, m], block[:, m + 1], block[:, m + 2], block[:, m + 3], self._host_lp)
         return self._host
 
     @property
@@ -156,13 +249,66 @@ class SamplerOutput:
 
     def is_ready(self) -> bool:
         """True when the host fields can be read without waiting."""
-        return self._ready is None or self._ready.query()
+        return self._np is not None or self._ready is None or self._ready.query()
 
     def tokens(self, i: int) -> list[int]:
         """The tokens request i emitted this step."""
-        return self.sampled_token_ids[i, : int(self.num_sampled[i])].tolist()
+        b = self._host_block()
+        return b[i, : b[i, self.max_rows]].tolist()
 
     def token_lists(self) -> list[list[int]]:
-        """Every request's emitted tokens, in batch order."""
-        ids, n = self.sampled_token_ids.tolist(), self.num_sampled.tolist()
-        return [row[:k] for row, k in zip(ids, n)]
+        """Every request's emitted tokens, in batch order (numpy views: no tensor op per call)."""
+        b, m = self._host_block(), self.max_rows
+        if m == 1:              # no drafts: every request emits exactly its one row's token
+            return b[:, :1].tolist()
+        return [row[:k] for row, k in zip(b[:, :m].tolist(), b[:, m].tolist())]
+
+
+class ReplayResults:
+    """The host side of a captured step: one persistent host buffer (pinned on CUDA) that the
+    graph's own device-to-host copy refills on every replay, and one event recorded after each.
+
+    Per replay: `release()` before the graph runs, then the graph, then `publish()`. `fill()` is
+    the copy itself (pack, then one copy): called once inside the capture, the graph repeats it
+    (on CPU tensors a test calls it where a replay would run). The buffer is never handed out:
+    an output copies its bytes out when first read, and `release()` first makes the previous
+    output, if still referenced and unread, independent of it (`SamplerOutput._detach`: a copy of
+    a few KiB on the host when that replay has finished, else a copy queued on the stream ahead
+    of the next replay, so an unread output never makes the host wait). An output nobody holds
+    any more is skipped (a weak reference)."""
+
+    def __init__(self, block: torch.Tensor, max_rows: int, logprobs: Optional[LogprobsOutput]):
+        self.block, self.max_rows, self.logprobs = block, max_rows, logprobs
+        self.layout = HostLayout(block, logprobs)
+        cuda = block.is_cuda
+        self.host = torch.empty(self.layout.nbytes, dtype=torch.uint8, pin_memory=cuda)
+        self.host_np = self.host.numpy()           # the same memory
+        self.event = torch.cuda.Event() if cuda else None
+        self.staging: Optional[torch.Tensor] = None   # the packed device bytes (the graph's static tensor)
+        self._last: Optional[weakref.ref] = None
+
+    def bind(self, block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> None:
+        """Take the results the graph writes (same shapes as the ones the buffer was sized for)."""
+        if not self.layout.matches(block, logprobs):
+            raise ValueError("the captured step's results differ in shape from the warm-up step's")
+        self.block, self.logprobs = block, logprobs
+
+    def fill(self) -> None:
+        """Pack the results and copy them into the host buffer."""
+        self.staging = self.layout.pack(self.block, self.logprobs)
+        self.host.copy_(self.staging, non_blocking=self.staging.is_cuda)
+
+    def release(self) -> None:
+        """Before the buffer is overwritten: the previous output, if alive and unread, detaches."""
+        last = self._last() if self._last is not None else None
+        self._last = None
+        if last is not None:
+            last._detach()
+
+    def publish(self) -> SamplerOutput:
+        """After the graph was launched: record the event, return the replay's output."""
+        if self.event is not None:
+            self.event.record()
+        out = SamplerOutput.from_shared(self)
+        self._last = weakref.ref(out)
+        return out
