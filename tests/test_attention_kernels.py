@@ -198,5 +198,9 @@ def test_model_logits_through_the_kernels_equal_the_torch_path_over_prefill_chun
                 out.append(model.compute_logits(hidden).cpu())
             done = s_lens.tolist()
         logits[path] = out
+    # on a GPU the kernel path's fp32 GEMMs are cuBLAS's (another summation order than the CPU
+    # reference's): logits of size ~10 then differ by up to ~1e-4; under the interpreter both
+    # paths run on the CPU and agree far closer
+    tol = 1e-4 if torch.device(device).type == "cuda" else 2e-5
     for got, ref in zip(logits["kernels"], logits["torch"]):
-        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got, ref, atol=tol, rtol=1e-5)

@@ -1,5 +1,6 @@
-"""The fused Triton path inside the Sampler gives the torch pipeline's tokens (run on CPU through
-Triton's interpreter; on the GPU the same comparison runs with TPSAMPLE_TEST_DEVICE=cuda)."""
+"""The fused Triton path inside the Sampler gives the torch pipeline's tokens over steps with and
+without drafts (penalties then read the device history in its two forms), run on CPU through
+Triton's interpreter; on the GPU the same comparison runs with TPSAMPLE_TEST_DEVICE=cuda."""
 from __future__ import annotations
 
 import contextlib
@@ -29,16 +30,27 @@ for i, p in enumerate(params):
     s.add_request(str(i), p, [1, 2, 3])
 out = []
 g = torch.Generator().manual_seed(0)
-for step in range(3):
-    drafts = [[]] * (len(params) - 1) + [[4, 9]]           # the last request verifies drafts
+for step in range(6):
+    # the last request verifies drafts in steps 0, 2 and 5; the other steps have none (their
+    # penalties read the history kept ascending on the device)
+    drafts = [[]] * (len(params) - 1) + [[4, 9]] if step in (0, 2, 5) else None
     plan = s.plan([str(i) for i in range(len(params))], draft_token_ids=drafts)
     x = torch.randn(plan.num_rows, V, generator=g) * 3
+    x[:, 10:13] += 6.0                                   # likely tokens repeat: penalties count them
     x[1, 5] = float("nan")
     if step == 2:
         x[2] = float("-inf")
     o = s.sample(x.to(torch.bfloat16).float() if step == 1 else x, plan)
     out.append([o.sampled_token_ids.tolist(), o.num_nans.tolist(), o.num_fallback.tolist(),
                 o.logprobs.token_ids.tolist(), [round(v, 5) for v in o.logprobs.logprobs[:, 0].tolist()]])
+inplace = tpsample.Sampler(V, seed=1, inplace_logits=True)   # the engine's setting: NaNs still counted
+for i, p in enumerate(params):
+    inplace.add_request(str(i), p, [1, 2, 3])
+for step in range(2):
+    x = torch.randn(len(params), V, generator=g) * 3
+    x[:, 7:9] = float("nan")
+    o = inplace.sample(x, inplace.plan([str(i) for i in range(len(params))]))
+    out.append([o.sampled_token_ids.tolist(), o.num_nans.tolist()])
 empty = s.plan([])             # a step with no rows (a batch_sharded rank that owns none)
 o = s.sample(torch.zeros(empty.num_rows, V), empty)
 out.append(o.sampled_token_ids.shape[0])

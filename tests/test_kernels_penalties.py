@@ -87,3 +87,28 @@ def test_penalty_kernel_with_no_prompt_table_and_long_outputs(kernel):
     got = x.clone().to(DEV)
     kernel(got, 0, rows.to(DEV), slots.to(DEV), torch.sort(seq, dim=1).values.to(DEV), None, 0, f32.to(DEV), (3, 4, 5))
     assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("shard", [(0, V), (130, 250)])
+def test_penalty_kernel_reading_the_ascending_history_equals_torch_processors(kernel, shard):
+    """Steps without drafts: the kernel reads each slot's outputs from the history kept ascending
+    (`History.ordered`, its first num_out entries) instead of a sorted copy of the step's rows."""
+    x, rows, slots, seq, table, f32 = _case(5)
+    start, end = shard
+    width = int((table >= 0).sum(dim=1).max())
+    lens = (seq >= 0).sum(dim=1)
+    cap = seq.shape[1] + 8
+    ordered = torch.full((table.shape[0], cap + 1), -1, dtype=torch.int32)
+    num_out = torch.zeros(table.shape[0], dtype=torch.int64)
+    for i, s in enumerate(slots.tolist()):
+        ordered[s, : int(lens[i])] = torch.sort(seq[i, : int(lens[i])]).values.to(torch.int32)
+        num_out[s] = lens[i]
+    ordered[:, -1] = 7 * 12                 # scratch column: never read
+    pen = PenaltyRows(rows, slots, seq, table, width, f32, (3, 4, 5))
+    want = x[:, start:end].clone()
+    _torch_penalties(want, pen, start)
+    got = x[:, start:end].clone().to(DEV)
+    kernel(got, start, rows.to(DEV), slots.to(DEV), ordered.to(DEV), table.to(DEV), width, f32.to(DEV), (3, 4, 5),
+           num_out.to(DEV))
+    assert not torch.equal(want, x[:, start:end])
+    assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))

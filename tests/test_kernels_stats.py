@@ -47,6 +47,12 @@ def test_logprob_stats_and_counts_match_reference(cfg, transform):
         assert torch.equal(count.cpu(), torch_ref.count_greater(x, values))
         assert torch.equal(ti.cpu(), want[3]) and torch.allclose(lse.cpu(), want[1], atol=1e-5, rtol=1e-6,
                                                                   equal_nan=True)
+        # the token form: the kernel reads the value at each row's global token id (NaN as -inf)
+        tokens = torch.tensor([3 + x.shape[1] - 1, 4, 3, 10, 3 + 7])             # row 2: a NaN, row 4: +inf
+        vals = torch.nan_to_num(x.gather(1, (tokens - 3).unsqueeze(1)).squeeze(1), nan=float("-inf"),
+                                posinf=float("inf"), neginf=float("-inf"))
+        *_, count_t = dispatch.token_logprob_stats(x.to(DEV), None, 5, col_offset=3, cfg=cfg, tokens=tokens.to(DEV))
+        assert torch.equal(count_t.cpu(), torch_ref.count_greater(x, vals))
 
 
 def test_top_n_longer_than_the_row_pads_with_minus_one():

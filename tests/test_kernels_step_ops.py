@@ -1,5 +1,6 @@
-"""The per-step kernels (`tpsample.kernels.step_ops`) give the torch versions' results exactly:
-row keys bit for bit, and the history append token for token.
+"""The per-step kernels (`tpsample.kernels.step_ops`, `history_ops`) give the torch versions'
+results exactly: row keys bit for bit, the history append token for token, with its ascending
+copy sorted after every step.
 
 Runs the kernels under TRITON_INTERPRET=1 on CPU, or compiled when CUDA is present.
 """
@@ -34,25 +35,49 @@ def test_row_keys_kernel_equals_torch_bits(step_ops, salt):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
-def test_append_kernel_equals_torch_append_over_steps(step_ops):
+def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops):
+    from tpsample.kernels.history_ops import append_history
     g = torch.Generator().manual_seed(0)
     a, b = History(), History()
     for h in (a, b):
         for slot in range(6):
             h.reset(slot)
-        h.sync(DEV, 6, 64)
-    for step in range(5):
-        slots = torch.randperm(6, generator=g)[:4].to(DEV)
-        width = 1 + step % 3
-        tokens = torch.randint(0, 1000, (4, width), generator=g).to(DEV)
-        counts = torch.randint(1, width + 1, (4,), generator=g).to(DEV)
+        h.sync(DEV, 6, 900)
+    for step in range(260):
+        slots = torch.randperm(6, generator=g)[: 4 + 2 * (step % 2)].to(DEV)
+        n, width = len(slots), 1 + step % 3
+        tokens = torch.randint(0, 40, (n, width), generator=g).to(DEV)        # repeats: equal tokens
+        counts = torch.randint(1, width + 1, (n,), generator=g).to(DEV)
+        if step >= 252:
+            tokens.zero_()                                           # inserted first: whole rows move
         tokens[torch.arange(width, device=DEV).unsqueeze(0) >= counts.unsqueeze(1)] = -1
         block = torch.cat([tokens, counts.unsqueeze(1)], dim=1)      # strided views, as the sampler passes
         a.append(slots, block[:, :width], block[:, width])
-        b.append(slots, block[:, :width], block[:, width], kernel=step_ops.append_history)
+        # the first steps fill both through torch (fast under the interpreter); the kernel then
+        # inserts into rows longer than one of its shift blocks
+        b.append(slots, block[:, :width], block[:, width], kernel=append_history if step >= 240 else None)
     assert torch.equal(a.num_out, b.num_out)
     assert torch.equal(a.tokens[:, :-1], b.tokens[:, :-1])        # the scratch column may differ
-    assert int(a.num_out.sum()) > 0
+    assert torch.equal(a.ordered[:, :-1], b.ordered[:, :-1])
+    assert int(a.num_out[:6].max()) > 256                          # a row longer than one shift block
+    for slot in range(6):
+        n = int(a.num_out[slot])
+        want = torch.sort(a.tokens[slot, :n]).values
+        assert torch.equal(b.ordered[slot, :n].cpu(), want.cpu()) and int(b.ordered[slot, n]) == -1
+
+
+def test_append_kernel_drops_tokens_past_the_capacity_from_both_tables(step_ops):
+    from tpsample.kernels.history_ops import append_history
+    h = History()
+    h.reset(0)
+    h.sync(DEV, 1, 64)
+    cap = h.capacity
+    for _ in range(cap + 3):
+        h.append(torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([[cap]], device=DEV),
+                 torch.ones(1, dtype=torch.int64, device=DEV), kernel=append_history)
+    assert int(h.num_out[0]) == cap + 3
+    assert torch.equal(h.ordered[0, :cap].cpu(), torch.full((cap,), cap, dtype=torch.int32))
+    assert torch.equal(h.tokens[0, :cap].cpu(), torch.full((cap,), cap, dtype=torch.int32))
 
 
 def test_mask_nans_kernel_equals_torch_and_counts_per_row(step_ops):
@@ -68,3 +93,39 @@ def test_mask_nans_kernel_equals_torch_and_counts_per_row(step_ops):
     counts = step_ops.mask_nans_(got)
     assert torch.equal(got.cpu(), ref) and torch.equal(counts.cpu(), ref_counts)
     assert int(ref_counts[2]) == 3000
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("shard", [(0, 20000), (5000, 19000)])
+def test_row_prep_kernel_equals_nan_mask_bitmask_and_argmax(step_ops, masked, shard):
+    """One pass gives what processors.mask_nans, processors.apply_bitmask and draw.local_argmax
+    give in that order: the same row bits, NaN counts, and best allowed token (lowest id on ties)."""
+    from tpsample.kernels.row_prep import prep_rows_
+    from tpsample.sampling import processors as P
+    from tpsample.sampling.draw import local_argmax
+    start, end = shard
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, end - start, generator=g)
+    x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")
+    x[1] = float("nan")                                    # nothing finite: token 0
+    x[2, 100], x[2, 1500], x[2, -10] = 50.0, 50.0, 50.0    # ties: two blocks of one part, and another part
+    x[3, 5:9] = float("inf")
+    x[4] = float("-inf")
+    words = (20000 + 31) // 32
+    bitmask = torch.randint(-2**31, 2**31 - 1, (6, words), generator=g, dtype=torch.int64).to(torch.int32)
+    bitmask[2] = -1                                        # all allowed (the tie stays)
+    ref = x.clone()
+    ref_nans = P.mask_nans(ref, [(0, 6)])
+    if masked:
+        P.apply_bitmask(ref, bitmask, start)
+    ref_v, ref_i = local_argmax(ref, start)
+    ref_i = torch.where(ref_v > float("-inf"), ref_i, 0)
+    got = x.to(DEV).clone()
+    nans, gv, gi = prep_rows_(got, start, bitmask.to(DEV) if masked else None)
+    best = gv.max(dim=1).values
+    ids = torch.where(gv == best.unsqueeze(1), gi, torch.iinfo(torch.int64).max).min(dim=1).values
+    ids = torch.where(best > float("-inf"), ids, 0)
+    assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(nans.sum(dim=1).cpu().to(torch.int64), ref_nans)
+    assert torch.equal(ids.cpu(), ref_i) and torch.equal(best.cpu(), ref_v)
+    assert int(ref_i[1]) == 0 and int(ref_i[2]) == start + 100 and int(ref_nans[1]) == end - start

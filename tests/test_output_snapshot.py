@@ -247,3 +247,21 @@ def test_captured_step_replays_eager_outputs_read_later(cpu_capture):
     graphed.remove_request("p")
     with pytest.raises(ValueError, match="stale"):
         step.replay()
+
+
+def test_layout_packs_views_with_any_strides():
+    """Result tensors can be views with unusual strides (a one-request block from a transpose,
+    a column slice): their bytes still travel in row-major order."""
+    wide = torch.arange(14, dtype=torch.int64).view(7, 2)
+    one = wide[:, :1].t()                               # [1, 7], strides (1, 2)
+    assert one.stride(-1) != 1
+    got, _ = HostLayout(one, None).unpack(HostLayout.pack(one, None).numpy().copy())
+    assert torch.equal(torch.from_numpy(got), one)
+    single = (wide[:1, :1] + 5).t()[:, :1].as_strided((1, 1), (1, 2))
+    _, lp = results(rows=1)
+    lp = LogprobsOutput(lp.token_ids[:, :1].t().t(), lp.logprobs, torch.arange(3)[1:2])
+    out = SamplerOutput(one, 3, None)
+    out._start_copy()
+    assert out.token_lists() == [one[0, :3].tolist()[: int(one[0, 3])]]
+    got_block, got_lp = HostLayout(single, lp).unpack(HostLayout.pack(single, lp).numpy().copy())
+    assert got_block.tolist() == [[5]] and got_lp.ranks.tolist() == [1]

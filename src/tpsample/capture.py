@@ -61,7 +61,8 @@ def check_capturable(sampler, plan) -> None:
 
 def _tables(store) -> tuple:
     """Every device table a captured step may read (None where not allocated)."""
-    return (store.f32.device_table, store.i64.device_table, store.history.tokens, store.history.num_out,
+    h = store.history
+    return (store.f32.device_table, store.i64.device_table, h.tokens, h.ordered, h.num_out,
             *(t.table for t in store.padded.values()))
 
 
@@ -70,7 +71,7 @@ class ReplayGuard:
 
     stale plan: one integer compare while the slot table's version is unchanged (else the plan
     slots' generations, compared as bytes); reserved history: one vectorised compare of the plan
-    slots' host bounds; reallocated tables: the identity of the 12 tables the graph may read.
+    slots' host bounds; reallocated tables: the identity of the 13 tables the graph may read.
     Holding those tables keeps the memory a graph reads allocated even after the store replaces
     one (the replay is refused then)."""
 

@@ -7,9 +7,9 @@ the extra memory above the inputs; next to FlashInfer's `top_k_top_p_sampling_fr
 (when it imports), a torch sort-based top-k/top-p sampler, and `argmax().tolist()`.
 Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), the same with logprobs=5, and
 the same with repetition 1.1 / frequency 0.2 penalties over 2,000-token prompts and growing
-outputs. For plain decode steps it also times the step captured in a CUDA graph
-(`Sampler.capture`), what an engine that graphs its decode step pays. Prints a table and ends
-with one JSON line.
+outputs. Every case is timed twice: eager (`tpsample eager`: plan + sample per call) and as the
+same step captured once in a CUDA graph and replayed (`tpsample graph`: `Sampler.capture`,
+what an engine that graphs its decode step pays). Prints a table and ends with one JSON line.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ CASES = (
     Case("greedy", {"temperature": 0.0}, anchors=("argmax",)),
     Case("temperature", {"temperature": 0.8}, anchors=("torch_multinomial",)),
     Case("topk_topp", {"temperature": 0.8, "top_k": 50, "top_p": 0.9}, anchors=("flashinfer", "torch_sort")),
-    Case("topk_topp_logprobs5", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5}),
-    Case("topk_topp_penalties", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1,
+    Case("topk_topp_lp5", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5}),
+    Case("topk_topp_pen", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1,
                                  "frequency_penalty": 0.2}, prompt_len=PROMPT_LEN),
 )
 
@@ -112,19 +112,29 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
     if refill:
         refill()
     mem = _peak_extra(lambda: call()(), x.device)
-    out = [{"impl": "tpsample", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}]
-    if "logprobs" not in case.params and not inplace:       # what an engine with CUDA graphs pays
-        step = s.capture(s.plan(ids), work, reserve_tokens=4 * iters + 64)
+    out = [{"impl": "tpsample eager", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}]
+    # what an engine that graphs its decode step pays: the same step captured once and replayed
+    # (the buffer refilled before each replay when the sampler works in place, as the LM head would)
+    if refill:
+        refill()
+    step = s.capture(s.plan(ids), work, reserve_tokens=4 * iters + 64)
 
-        def replay():
-            out = step.replay()
-            return lambda: out.token_lists()
+    def replay():
+        out = step.replay()
+        return lambda: (out.token_lists(), out.logprobs)
 
-        for _ in range(3):
-            replay()()
-        wall, host = _wall_us(replay, iters)
-        out.append({"impl": "tpsample (CUDA graph)", "wall_us": wall, "host_us": host,
-                    "device_us": _device_us(lambda: replay()(), 3), "extra_mib": _peak_extra(lambda: replay()(), x.device)})
+    for _ in range(3):
+        if refill:
+            refill()
+        replay()()
+    wall, host = _wall_us(replay, iters, refill)
+    if refill:
+        refill()
+    device = _device_us(lambda: replay()(), 3)
+    if refill:
+        refill()
+    out.append({"impl": "tpsample graph", "wall_us": wall, "host_us": host, "device_us": device,
+                "extra_mib": _peak_extra(lambda: replay()(), x.device)})
     return out
 
 
@@ -207,7 +217,7 @@ def main(args) -> None:
                       progress=lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
     table = Table(title="one sampling call as an engine sees it (H2D + kernels + tokens on host)")
     for col in ("case", "rows", "impl", "wall us", "device us", "host us", "extra MiB"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=col in ("case", "impl"))
     for r in results:
         table.add_row(r["case"], str(r["rows"]), r["impl"], f"{r['wall_us']:.0f}", f"{r['device_us']:.0f}",
                       f"{r['host_us']:.0f}", f"{r['extra_mib']:.2f}")

@@ -45,11 +45,13 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
-                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None):
+                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
     valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
     [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
-    that receives each row's NaN count (counted in the first pass, no extra read of x)."""
+    that receives each row's NaN count (counted in the first pass, no extra read of x).
+    out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
+    per-row parameters must then already be contiguous, on x's device, in the dtypes above)."""
     from .sample_launch import launch_sample  # kernels are built on first use (interpreter or GPU)
     rows, cols = x.shape
     if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
@@ -58,15 +60,18 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     if x.stride(1) != 1:
         raise ValueError("x must have unit column stride")
     dev = x.device
-    params = tuple(v.to(dev, dt).contiguous() for v, dt in (
-        (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32), (log_min_p, torch.float32),
-        (key0, torch.int64), (key1, torch.int64)))
+    if out is not None:      # the caller's own buffers: its parameters are in place already
+        params = (temperature, top_k, top_p, log_min_p, key0, key1)
+    else:
+        params = tuple(v.to(dev, dt).contiguous() for v, dt in (
+            (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32), (log_min_p, torch.float32),
+            (key0, torch.int64), (key1, torch.int64)))
     if hints is None:
         hints = hints_from_params(params[0], params[1], params[2], params[3], cols)
     if exact_exp is None:
         exact_exp = dev.type == "cuda" and not interpreting()
     shift = mass_shift(vocab_size_global or cols)
-    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out)
+    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out)
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,
@@ -81,12 +86,13 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     return mx, lse, tv, ti
 
 
-def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
+def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT, tokens=None):
     """One pass over fp32(x) (NaN -> -inf) for the logprobs of sampled tokens whose raw values
-    [R] fp32 are `values`: (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
+    [R] fp32 are `values` (or, with `tokens` [R] int64 global ids instead, the values the kernel
+    reads at those ids): (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
     int64 of entries strictly greater than values, i.e. rank - 1)."""
     from .stats_launch import launch_stats
-    _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg)
+    _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg, tokens=tokens)
     return lse, tv, ti, cnt
 
 

@@ -23,19 +23,57 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_SCRATCH: dict = {}
+SCRATCH_SIZE = 16
+
+
+def stream_scratch(dev: torch.device, key: tuple, make):
+    """Buffers for one call's intermediates, reused by every later call with the same `key` on
+    the current stream of `dev` (`make()` builds them the first time; at most SCRATCH_SIZE sets
+    are kept). Kernels on one stream run in order, so a call's scratch is never overwritten while
+    an earlier call still reads it; never return scratch to a caller that may keep it."""
+    if dev.type == "cuda":    # the raw stream id (torch.cuda.current_stream builds a Python object)
+        stream = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
+    else:
+        stream = 0
+    full = (str(dev), stream, key)
+    got = _SCRATCH.get(full)
+    if got is None:
+        if len(_SCRATCH) >= SCRATCH_SIZE:
+            _SCRATCH.pop(next(iter(_SCRATCH)))
+        got = _SCRATCH[full] = make()
+    return got
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), for host ints."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+_Tensor = torch.Tensor
+_I32, _U32 = 2**31, 2**32
+
+
 def _spec(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
+    """One argument's part of the key (what the comprehension in `launch_key` inlines)."""
+    if isinstance(a, _Tensor):
+        return (a.dtype, a.data_ptr() & 15 == 0)
     if isinstance(a, bool) or a is None:
         return a
     if isinstance(a, int):
-        return (a == 1, a % 16 == 0, -2**31 <= a < 2**31, 0 <= a < 2**32)
+        return (a == 1, a & 15 == 0, -_I32 <= a < _I32, 0 <= a < _U32)
     return type(a)
+
+
+def launch_key(args, constexprs, const_positions: tuple = ()) -> tuple:
+    """What Triton specialises a launch on (see the module docstring), as a dict key: `_spec` of
+    each argument, inlined for tensors and ints (a launch has ~20 arguments: the key is most of
+    the host cost of a cached launch), the values of constexpr parameters passed by position, and
+    the keyword constexprs in the call's own order."""
+    return (tuple([(a.dtype, a.data_ptr() & 15 == 0) if type(a) is _Tensor else
+                   (a == 1, a & 15 == 0, -_I32 <= a < _I32, 0 <= a < _U32) if type(a) is int else
+                   _spec(a) for a in args]), tuple([args[i] for i in const_positions if i < len(args)]),
+            tuple(constexprs.items()))
 
 
 try:
@@ -44,8 +82,13 @@ except ImportError:             # an older Triton: always take the wrapper
     _knobs = None
 
 
+def _unset(hook) -> bool:
+    """No hook installed: None (older Triton) or an empty HookChain (Triton >= 3.5)."""
+    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
+
+
 def _no_hooks() -> bool:
-    return _knobs is not None and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None
+    return _knobs is not None and _unset(_knobs.runtime.launch_enter_hook) and _unset(_knobs.runtime.launch_exit_hook)
 
 
 class _Compiled:
@@ -67,6 +110,8 @@ class Launcher:
     def __init__(self, fn):
         self.fn = fn
         self.names = list(fn.arg_names)
+        # constexpr parameters: their values, not only their kinds, select the compiled kernel
+        self.const_positions = tuple(i for i, p in enumerate(getattr(fn, "params", ())) if p.is_constexpr)
         self.cache: dict = {}
         self.direct = True            # off if this Triton's compiled kernels cannot be called directly
 
@@ -74,7 +119,7 @@ class Launcher:
         if not self.direct or os.environ.get("TRITON_INTERPRET", "0") == "1":
             self.fn[grid](*args, **constexprs)
             return
-        key = (tuple(_spec(a) for a in args), tuple(sorted(constexprs.items())))
+        key = launch_key(args, constexprs, self.const_positions)
         compiled = self.cache.get(key)
         if compiled is None:
             kernel = self.fn[grid](*args, **constexprs)

@@ -4,7 +4,9 @@
 updates l [rows, cols] fp32 in place (global columns `[col_start, col_start + cols)`), for each
 listed batch row r (slot s):
 - seen(r) = the slot's distinct prompt tokens (row s of `prompt_table`: ascending, -1 padded at
-  the end) plus the row's outputs `seq[i]` (ascending, -1 padded at the front: `torch.sort`);
+  the end) plus the row's outputs: `seq[i]` (ascending, -1 padded at the front: `torch.sort`),
+  or, for steps without drafts, the slot's row of the history kept ascending on the device
+  (`History.ordered`, its first num_out[s] entries: no sort in the step);
 - every distinct token t of seen(r) held here gets, from its value v:
   v1 = v / rep if v > 0 else v * rep  (IEEE division), then, when t occurs c > 0 times in
   the outputs, v2 = (v1 - freq * float(c)) - pres;  rep 1 / freq 0 / pres 0 leave v unchanged.
@@ -53,8 +55,9 @@ def _penalize(base, t, ok, c, r, f, p):
 
 @triton.jit
 def _penalty_kernel(l_ptr, l_stride, cols, col_start, rows_ptr, slots_ptr, seq_ptr, seq_stride, width,
-                    seq_steps, ps_ptr, ps_stride, ps_width, ps_steps, f32_ptr, f32_stride,
-                    REP: tl.constexpr, FREQ: tl.constexpr, PRES: tl.constexpr, BLOCK: tl.constexpr):
+                    seq_steps, len_ptr, ps_ptr, ps_stride, ps_width, ps_steps, f32_ptr, f32_stride,
+                    REP: tl.constexpr, FREQ: tl.constexpr, PRES: tl.constexpr, BY_SLOT: tl.constexpr,
+                    BLOCK: tl.constexpr):
     i = tl.program_id(0)
     row = tl.load(rows_ptr + i)
     slot = tl.load(slots_ptr + i)
@@ -62,24 +65,29 @@ def _penalty_kernel(l_ptr, l_stride, cols, col_start, rows_ptr, slots_ptr, seq_p
     f = tl.load(f32_ptr + FREQ * f32_stride + slot)
     p = tl.load(f32_ptr + PRES * f32_stride + slot)
     base = l_ptr + row.to(tl.int64) * l_stride - col_start
-    seq = seq_ptr + i.to(tl.int64) * seq_stride
+    if BY_SLOT:     # the slot's row of the ascending history: its first num_out entries
+        seq = seq_ptr + slot.to(tl.int64) * seq_stride
+        n = tl.minimum(tl.load(len_ptr + slot), width)
+    else:           # the step's own sorted row (-1 padding first)
+        seq = seq_ptr + i.to(tl.int64) * seq_stride
+        n = width + 0 * slot
     ps = ps_ptr + slot.to(tl.int64) * ps_stride
     # the distinct prompt tokens (each once), counted in the outputs
     for s in range(0, ps_width, BLOCK):
         j = s + tl.arange(0, BLOCK)
         t = tl.load(ps + j, mask=j < ps_width, other=-1).to(tl.int64)
         ok = (t >= col_start) & (t < col_start + cols)
-        c = _bound(seq, width, t, seq_steps, True, False) - _bound(seq, width, t, seq_steps, False, False)
+        c = _bound(seq, n, t, seq_steps, True, False) - _bound(seq, n, t, seq_steps, False, False)
         _penalize(base, t, ok, c, r, f, p)
     # the distinct output tokens the prompt set lacks (first of each run of the sorted outputs)
-    for s in range(0, width, BLOCK):
+    for s in range(0, n, BLOCK):
         j = s + tl.arange(0, BLOCK)
-        t = tl.load(seq + j, mask=j < width, other=-1)
-        prev = tl.load(seq + j - 1, mask=(j > 0) & (j < width), other=-1)
+        t = tl.load(seq + j, mask=j < n, other=-1)
+        prev = tl.load(seq + j - 1, mask=(j > 0) & (j < n), other=-1)
         first = (t >= 0) & ((j == 0) | (prev != t))
         in_prompt = _bound(ps, ps_width, t, ps_steps, True, True) > _bound(ps, ps_width, t, ps_steps, False, True)
         ok = first & ~in_prompt & (t >= col_start) & (t < col_start + cols)
-        c = _bound(seq, width, t, seq_steps, True, False) - j
+        c = _bound(seq, n, t, seq_steps, True, False) - j
         _penalize(base, t, ok, c, r, f, p)
 
 
@@ -87,19 +95,25 @@ _PENALTY = Launcher(_penalty_kernel)
 
 
 def apply_penalties_(l: torch.Tensor, col_start: int, rows: torch.Tensor, slots: torch.Tensor, seq: torch.Tensor,
-                     prompt_table, prompt_width: int, f32_table: torch.Tensor, columns: tuple[int, int, int]) -> None:
+                     prompt_table, prompt_width: int, f32_table: torch.Tensor, columns: tuple[int, int, int],
+                     lengths=None) -> None:
     """l [R, cols] fp32 (unit column stride) in place; rows / slots [m] int64; seq [m, W] int64
-    sorted ascending per row; prompt_table [slots, cap] int32 or None; f32_table [params, slots]
-    fp32 with the (rep, freq, pres) columns. See the module docstring for the rule."""
+    sorted ascending per row, or with `lengths` [slots] int64: a [slots, W] table of each slot's
+    outputs ascending in its first lengths[slot] entries (`History.ordered`), read by slot;
+    prompt_table [slots, cap] int32 or None; f32_table [params, slots] fp32 with the (rep, freq,
+    pres) columns. See the module docstring for the rule."""
     m = rows.shape[0]
     if m == 0 or l.shape[1] == 0:
         return
-    seq = seq.contiguous()
-    width = seq.shape[1]
+    if lengths is None:
+        seq = seq.contiguous()
+    elif seq.stride(1) != 1:
+        raise ValueError("the ascending history table must have unit column stride")
+    width = seq.shape[1] if lengths is None else seq.shape[1] - 1     # a history table's last column is scratch
     if prompt_table is None or prompt_width == 0:
         prompt_table, prompt_width = seq, 0          # any pointer: the prompt loop does not run
     rep, freq, pres = columns
     _PENALTY((m,), l, l.stride(0), l.shape[1], col_start, rows, slots, seq, seq.stride(0), width,
-             max(1, width).bit_length(), prompt_table, prompt_table.stride(0), prompt_width,
-             max(1, prompt_width).bit_length(), f32_table, f32_table.stride(0),
-             REP=rep, FREQ=freq, PRES=pres, BLOCK=256, enable_fp_fusion=False)
+             max(1, width).bit_length(), lengths if lengths is not None else rows, prompt_table,
+             prompt_table.stride(0), prompt_width, max(1, prompt_width).bit_length(), f32_table, f32_table.stride(0),
+             REP=rep, FREQ=freq, PRES=pres, BY_SLOT=lengths is not None, BLOCK=256, enable_fp_fusion=False)

@@ -9,12 +9,13 @@ allocator reuses it).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
-from .launcher import Launcher
+from .launcher import Launcher, stream_scratch
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
@@ -62,24 +63,10 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
     return min(128, max(16, _pow2(math.ceil(cols / 2048))))
 
 
-_CACHE: dict = {}
-CACHE_SIZE = 8
-
-
 def workspace_for(rows, splits, nblk, cfg, dev) -> Workspace:
-    """A workspace per (device, stream, shape): kernels on one stream run in order, so reusing it
-    across calls is safe there and saves ~30 tensor views per call. At most CACHE_SIZE are kept."""
-    if dev.type == "cuda":    # the raw stream id (torch.cuda.current_stream builds a Python object)
-        stream = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
-    else:
-        stream = 0
-    key = (str(dev), stream, rows, splits, nblk, cfg)
-    ws = _CACHE.get(key)
-    if ws is None:
-        if len(_CACHE) >= CACHE_SIZE:
-            _CACHE.pop(next(iter(_CACHE)))
-        ws = _CACHE[key] = Workspace(rows, splits, nblk, cfg, dev)
-    return ws
+    """The workspace of this shape on the current stream (see `launcher.stream_scratch`): reusing
+    it across calls saves ~30 tensor views per call."""
+    return stream_scratch(dev, ("sample", rows, splits, nblk, cfg), lambda: Workspace(rows, splits, nblk, cfg, dev))
 
 
 def workspace_bytes(rows: int, cols: int, cfg: KernelConfig, device) -> int:
@@ -89,21 +76,31 @@ def workspace_bytes(rows: int, cols: int, cfg: KernelConfig, device) -> int:
     return Workspace(rows, splits, nblk, cfg, torch.device("meta")).nbytes
 
 
-def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
-                  nans_out=None):
-    t, k, p, lmp, key0, key1 = params
-    rows, cols = x.shape
-    dev = x.device
+@functools.lru_cache(maxsize=64)
+def _geometry(rows: int, cols: int, dev: torch.device, cfg: KernelConfig) -> tuple:
+    """(splits, BB, TILE, CHUNK, number of BB blocks) of a launch shape (host arithmetic, once)."""
     splits = num_splits(rows, cols, dev, cfg)
     bb = block_max_cols(cols, cfg)
     tile = max(1, cfg.scan_cols // bb)
     step = tile * bb
     chunk = max(step, math.ceil(math.ceil(cols / splits) / step) * step)
     chunk = math.ceil(chunk / cfg.block) * cfg.block if chunk % cfg.block else chunk
-    nblk = math.ceil(cols / bb)
+    return splits, bb, tile, chunk, math.ceil(cols / bb)
+
+
+def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
+                  nans_out=None, out=None):
+    """out: optional (token [R] int64, valid [R] bool) to write into instead of new tensors."""
+    t, k, p, lmp, key0, key1 = params
+    rows, cols = x.shape
+    dev = x.device
+    splits, bb, tile, chunk, nblk = _geometry(rows, cols, dev, cfg)
     ws = workspace_for(rows, splits, nblk, cfg, dev)
-    token = torch.empty(rows, dtype=torch.int64, device=dev)
-    valid = torch.empty(rows, dtype=torch.bool, device=dev)
+    if out is None:
+        token = torch.empty(rows, dtype=torch.int64, device=dev)
+        valid = torch.empty(rows, dtype=torch.bool, device=dev)
+    else:
+        token, valid = out
     nw = cfg.num_warps
     SCAN((rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,

@@ -4,7 +4,7 @@ stats_kernel, grid (rows, splits): over a split of the transformed row l (fp32(x
 T != 0, < threshold -> -inf, NaN -> -inf): the max and its lowest column; with LSE an online
 sum of exp(l - running max) in fp32; with TOP a sorted top-n list (NP slots, a power of two >= n) (value desc, column asc),
 merged only when a block holds an entry beating the current n-th; with CNT the count of
-entries > a per-row value. combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
+entries > a per-row value (with TOK: the value of l at a per-row global token id). combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
 """
 import triton
 import triton.language as tl
@@ -56,19 +56,26 @@ def merge_top(lv, li, v, ids, cand, n, NP: tl.constexpr):
     return nv, ni
 
 
-@triton.jit(do_not_specialize=["col_offset"])
+@triton.jit(do_not_specialize=["col_offset", "val_offset"])
 def stats_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, val_ptr, n,
-                 max_ptr, arg_ptr, sm_ptr, ss_ptr, top_v_ptr, top_i_ptr, cnt_ptr,
+                 max_ptr, arg_ptr, sm_ptr, ss_ptr, top_v_ptr, top_i_ptr, cnt_ptr, val_offset,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_T: tl.constexpr,
                  HAS_THR: tl.constexpr, LSE: tl.constexpr, NP: tl.constexpr, TOP: tl.constexpr,
-                 CNT: tl.constexpr):
+                 CNT: tl.constexpr, TOK: tl.constexpr):
     row = tl.program_id(0)
     part = row * NSPLIT + tl.program_id(1)
     start, end = chunk_bounds(ncols, CHUNK)
     row_off = row.to(tl.int64) * stride
     t = tl.load(t_ptr + row) if HAS_T else 1.0
     thr = tl.load(thr_ptr + row) if HAS_THR else NEG_INF
-    val = tl.load(val_ptr + row) if CNT else 0.0
+    val = 0.0
+    if CNT:
+        if TOK:     # val_ptr holds global token ids: the count is of entries above that token's value
+            local = tl.minimum(tl.maximum(tl.load(val_ptr + row) - val_offset, 0), ncols - 1)
+            val = tl.max(load_transformed(x_ptr, row_off, local + tl.arange(0, 1), local + tl.arange(0, 1) < ncols,
+                                          t, thr, HAS_T, HAS_THR), axis=0)
+        else:
+            val = tl.load(val_ptr + row)
     mx = tl.full((), NEG_INF, tl.float32)
     arg = tl.full((), BIG_ID32, tl.int32)
     sm = tl.full((), NEG_INF, tl.float32)

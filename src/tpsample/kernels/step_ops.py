@@ -2,8 +2,6 @@
 
 - `row_keys(seeds, positions, salt)`: the two 32-bit row keys of `tpsample.noise.row_keys`
   (same bits; uint32 arithmetic wraps as the torch version's 16-bit halves emulate).
-- `append_history(tokens, num_out, slots, sampled, num_sampled)`: each request's emitted tokens
-  appended to its slot's history row, and its count advanced (`state.history.History.append`).
 - `prepare_rows(...)`: a step's per-row kernel inputs gathered from the per-slot tables (T,
   top-k, top-p, log(min-p)) and the draw's row keys from (seed, position), in one launch.
 - `finalize_rows(...)`: the packed per-request block (token, 1, 0, NaN count, guard flag) of a
@@ -56,35 +54,6 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[t
         _ROW_KEYS((cdiv(n, block),), seeds.contiguous(), positions.contiguous(), k0, k1, n,
                   salt & 0xFFFFFFFF, BLOCK=block)
     return k0, k1
-
-
-@triton.jit
-def _append_kernel(tok_ptr, tok_stride, num_out_ptr, slot_ptr, new_ptr, new_stride, count_ptr, count_stride,
-                   cap, WIDTH: tl.constexpr):
-    i = tl.program_id(0)
-    slot = tl.load(slot_ptr + i)
-    start = tl.load(num_out_ptr + slot)
-    count = tl.load(count_ptr + i * count_stride)
-    j = tl.arange(0, WIDTH)
-    new = tl.load(new_ptr + i * new_stride + j, mask=j < count, other=-1)
-    dst = start + j
-    tl.store(tok_ptr + slot * tok_stride + dst, new.to(tl.int32), mask=(j < count) & (dst < cap))
-    tl.store(num_out_ptr + slot, start + count)
-
-
-_APPEND = Launcher(_append_kernel)
-
-
-def append_history(tokens: torch.Tensor, num_out: torch.Tensor, slots: torch.Tensor,
-                   sampled: torch.Tensor, num_sampled: torch.Tensor) -> None:
-    """tokens [slots, cap + 1] int32, num_out [slots] int64 updated in place for requests
-    i: tokens[slots[i], num_out .. +num_sampled[i]] = sampled[i, :num_sampled[i]]."""
-    n = slots.shape[0]
-    if n == 0:
-        return
-    width = next_pow2(max(1, sampled.shape[1]))
-    _APPEND((n,), tokens, tokens.stride(0), num_out, slots, sampled, sampled.stride(0), num_sampled,
-            num_sampled.stride(0), tokens.shape[1] - 1, WIDTH=width)
 
 
 @triton.jit
@@ -143,14 +112,20 @@ def _prepare_kernel(f32_ptr, f32_stride, i64_ptr, i64_stride, num_out_ptr, slot_
 _PREPARE = Launcher(_prepare_kernel)
 
 
-def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, columns: dict):
+def row_buffers(n: int, dev) -> tuple:
+    """Empty (temperature, top_k, top_p, log(min_p), key0, key1) [n] buffers for `prepare_rows`."""
+    f32, i64 = torch.float32, torch.int64
+    return (torch.empty(n, dtype=f32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
+            torch.empty(n, dtype=f32, device=dev), torch.empty(n, dtype=f32, device=dev),
+            torch.empty(n, dtype=i64, device=dev), torch.empty(n, dtype=i64, device=dev))
+
+
+def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, columns: dict, out=None):
     """(temperature fp32, top_k int32, top_p fp32, log(min_p) fp32, key0, key1 int64), each [n],
-    for rows whose slots / draft offsets are given; tables are [params, slots] (state tables)."""
+    for rows whose slots / draft offsets are given; tables are [params, slots] (state tables).
+    out: buffers from `row_buffers(n)` to write into instead of new ones."""
     n = slots.shape[0]
-    dev = slots.device
-    t, p, lmp = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(3))
-    k = torch.empty(n, dtype=torch.int32, device=dev)
-    k0, k1 = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int64, device=dev)
+    t, k, p, lmp, k0, k1 = out if out is not None else row_buffers(n, slots.device)
     if n:
         block = 256
         _PREPARE((cdiv(n, block),), f32_table, f32_table.stride(0), i64_table, i64_table.stride(0), num_out,
@@ -160,15 +135,19 @@ def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, colum
 
 @triton.jit
 def _finalize_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, col_offset, nans_ptr, gv_ptr, gi_ptr, out_ptr,
-                     NSPLIT: tl.constexpr, HAS_GUARD: tl.constexpr):
+                     NSPLIT: tl.constexpr, GSPLIT: tl.constexpr, HAS_GUARD: tl.constexpr):
     row = tl.program_id(0)
     tok = tl.load(tok_ptr + row)
     local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
     v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
     fallback = (tl.load(valid_ptr + row) == 0) | (v == float("inf"))
-    if HAS_GUARD:
-        gv = tl.load(gv_ptr + row)
-        guard = tl.where((gv > float("-inf")) & (gv == gv), tl.load(gi_ptr + row), 0)
+    if HAS_GUARD:   # the largest value over the guard's parts, the lowest id holding it
+        g = row * GSPLIT + tl.arange(0, GSPLIT)
+        gvs = tl.load(gv_ptr + g)
+        gvs = tl.where(gvs != gvs, float("-inf"), gvs)
+        gv = tl.max(gvs, axis=0)
+        gi = tl.min(tl.where(gvs == gv, tl.load(gi_ptr + g), 0x7FFFFFFFFFFFFFFF), axis=0)
+        guard = tl.where(gv > float("-inf"), gi, 0)
         tok = tl.where(fallback, guard, tok)
     nans = tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0)
     base = out_ptr + row * 5
@@ -184,14 +163,17 @@ _FINALIZE = Launcher(_finalize_kernel)
 
 def finalize_rows(tokens, valid, x, col_offset: int, nans, guard=None) -> torch.Tensor:
     """[R, 5] int64 (token, 1, 0, NaN count, guard flag): nans [R, splits] per-split counts;
-    guard: optional (value [R] fp32, id [R] int64) taken where the row had no finite kept token."""
+    guard: optional (values, ids) [R] or [R, parts] (fp32, int64; parts a power of two): the
+    best value of each part of the row and its lowest global id, taken (the best over the parts,
+    lowest id among equals; token 0 when that is -inf) where the row had no finite kept token."""
     rows = tokens.shape[0]
     out = torch.empty((rows, 5), dtype=torch.int64, device=tokens.device)
     if rows:
         gv, gi = guard if guard is not None else (tokens, tokens)
+        parts = gv.shape[1] if gv.dim() == 2 else 1
         nans = nans.contiguous()
-        _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], col_offset, nans, gv, gi, out,
-                  NSPLIT=nans.shape[1], HAS_GUARD=guard is not None)
+        _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], col_offset, nans, gv.contiguous(),
+                  gi.contiguous(), out, NSPLIT=nans.shape[1], GSPLIT=parts, HAS_GUARD=guard is not None)
     return out
 
 

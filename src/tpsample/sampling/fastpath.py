@@ -15,10 +15,9 @@ import os
 import torch
 
 from ..noise import SALT_DRAW
+from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch
 from . import processors as P
-from .draw import local_argmax
-from .filters import row_chunks
 from .reducer import LocalRows
 from .result import RowResult
 
@@ -45,6 +44,12 @@ def hints_from_host(host: HostRows, vocab_size: int):
     return got
 
 
+_LP_COLUMNS = {"NUM_LP": COLUMNS["num_logprobs"], "PROCESSED": COLUMNS["processed"]}
+# the table columns `prepare_rows` reads, as its constexpr names
+_PREPARE_COLUMNS = {"T": COLUMNS["temperature"], "TOP_P": COLUMNS["top_p"], "MIN_P": COLUMNS["min_p"],
+                    "SEED": COLUMNS["seed"], "TOP_K": COLUMNS["top_k"], "PROMPT_LEN": COLUMNS["prompt_len"]}
+
+
 def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
                   inplace: bool, meter=None, force: bool = False):
     """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
@@ -63,31 +68,36 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
         return None
     l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
     if b.uses_processors or bitmask is not None:
+        from ..kernels.row_prep import prep_rows_
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
-        nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], l.device))
-        if bitmask is not None:
-            P.apply_bitmask(l, bitmask, col_start)
-        guard = local_argmax(l, col_start)         # the best grammar-allowed token, for the guard
+        # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
+        # of each part of the row, for the guard
+        nans, *guard = prep_rows_(l, col_start, bitmask)
         if b.lp_raw_rows is not None:
             if b.uses_processors:                  # raw logprobs see the row before steps 3-5
                 raw = l.clone()
             else:
                 raw = l
         P.apply_token_processors(l, b, col_start)
-    from ..kernels.step_ops import finalize_rows, prepare_rows
+    from ..kernels.launcher import stream_scratch
+    from ..kernels.step_ops import finalize_rows, prepare_rows, row_buffers
     src = b.source
-    cols = {"T": src.columns["temperature"], "TOP_P": src.columns["top_p"], "MIN_P": src.columns["min_p"],
-            "SEED": src.columns["seed"], "TOP_K": src.columns["top_k"], "PROMPT_LEN": src.columns["prompt_len"]}
+    n, dev = b.num_rows, x.device
+    # the per-row kernel inputs and raw draws live only within this call: reused buffers
+    scratch = stream_scratch(dev, ("fast_path", n), lambda: (row_buffers(n, dev), (
+        torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
     t, k, p, log_min_p, key0, key1 = prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
-                                                  SALT_DRAW, cols)
+                                                  SALT_DRAW, _PREPARE_COLUMNS, out=scratch[0])
     tokens, valid, nan_parts = sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
                                            vocab_size_global=b.vocab_size,
-                                           hints=hints_from_host(b.host, b.vocab_size), nans_out="partials")
+                                           hints=hints_from_host(b.host, b.vocab_size), nans_out="partials",
+                                           out=scratch[1])
     # a winner at +inf is no finite kept token either: the block flags it (its token, the lowest
     # +inf id, is the guard's choice already when the kernel ran on the caller's logits)
-    block = finalize_rows(tokens, valid, l, col_start, nan_parts if l is x else nans.view(-1, 1), guard)
-    accepted = torch.zeros(b.num_rows, dtype=torch.bool, device=x.device)
-    res = RowResult(block[:, 0], accepted, block[:, 4], block[:, 3], block=block)
+    block = finalize_rows(tokens, valid, l, col_start, nan_parts if nans is None else nans, guard)
+    # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced call's
+    # caller writes the draft rows' own results over it)
+    res = RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
     tokens = res.emitted
     if b.lp_raw_rows is not None:
         res.lp_ids, res.lp_vals, res.lp_ranks = _raw_logprobs(raw if raw is not None else x, tokens, b, col_start)
@@ -101,10 +111,8 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     from ..kernels.dispatch import token_logprob_stats
     from ..kernels.step_ops import raw_logprobs
     n = b.logprobs_max
-    local = (tokens - col_start).clamp_(0, l_raw.shape[1] - 1).unsqueeze_(1)
-    v = l_raw.gather(1, local).squeeze_(1).float()
-    v = torch.nan_to_num_(v, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))   # NaN counts as -inf
-    lse, top_v, top_i, above = token_logprob_stats(l_raw, v, n, col_offset=col_start)
+    # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
+    lse, top_v, top_i, above = token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
     src = b.source
-    cols = {"NUM_LP": src.columns["num_logprobs"], "PROCESSED": src.columns["processed"]}
-    return raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, cols, 1 + n)
+    return raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, _LP_COLUMNS,
+                        1 + n)

@@ -33,7 +33,7 @@ def append_kernel(device: torch.device):
     probe = torch.empty(0, device=device)
     if not _kernel_ok(probe):
         return None
-    from ..kernels.step_ops import append_history
+    from ..kernels.history_ops import append_history
     return append_history
 
 

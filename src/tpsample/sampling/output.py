@@ -111,7 +111,7 @@ class HostLayout:
     @staticmethod
     def pack(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> torch.Tensor:
         """[nbytes] uint8 on the results' device."""
-        parts = [t.reshape(-1).view(torch.uint8) for t in _parts(block, logprobs)]
+        parts = [_bytes(t) for t in _parts(block, logprobs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def unpack(self, host: np.ndarray) -> tuple[np.ndarray, Optional[LogprobsOutput]]:
@@ -121,6 +121,17 @@ class HostLayout:
             return views[0], None
         ids, ranks, vals = (torch.from_numpy(v) for v in views[1:])
         return views[0], LogprobsOutput(ids, vals, ranks)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """t's elements in row-major order as [numel x itemsize] uint8 (a view when t is dense in that
+    order; strides of size-1 dimensions can be anything, e.g. a [1, k] view of a transpose)."""
+    flat = t.reshape(-1)
+    if flat.numel() <= 1:
+        flat = flat.as_strided(flat.shape, (1,))
+    elif flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def _parts(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> tuple:

@@ -94,18 +94,22 @@ def apply_penalties(l: torch.Tensor, pen: PenaltyRows | None, col_start: int) ->
         from .keys import penalty_kernel
         kernel = penalty_kernel(l.device)
         if kernel is not None:
-            ordered = torch.sort(pen.seq, dim=1).values
+            if pen.ordered is not None:         # the slots' outputs, ascending, in place
+                ordered, lengths = pen.ordered, pen.num_out
+            else:
+                ordered, lengths = torch.sort(pen.seq, dim=1).values, None
             kernel(l, col_start, pen.rows, pen.slots, ordered, pen.prompt_table, pen.prompt_width, pen.f32_table,
-                   pen.columns)
+                   pen.columns, lengths)
             return
     rep, freq, pres = pen.values()
-    seen = PaddedRows(pen.rows, torch.cat([pen.prompt(), pen.seq], dim=1))
+    seq = pen.outputs()
+    seen = PaddedRows(pen.rows, torch.cat([pen.prompt(), seq], dim=1))
     if not _skip(seen, l):
         rows, col, _, live = _targets(seen, col_start, l.shape[1])
         v = l[rows, col]
         r = rep.unsqueeze(1)
         l[rows, col] = torch.where(live, torch.where(v > 0, v / r, v * r), v)
-    out_tokens = PaddedRows(pen.rows, pen.seq)
+    out_tokens = PaddedRows(pen.rows, seq)
     if not _skip(out_tokens, l):
         tok = out_tokens.tokens
         ordered = torch.sort(tok, dim=1).values

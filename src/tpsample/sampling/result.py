@@ -10,7 +10,7 @@ import torch
 @dataclass
 class RowResult:
     emitted: torch.Tensor              # [rows] int64
-    accepted: torch.Tensor             # [rows] bool (False for rows without a draft)
+    accepted: torch.Tensor             # [rows] bool or 0/1 int64 (0 for rows without a draft)
     fallback: torch.Tensor             # [rows] bool: no finite kept token, guard used
     num_nans: torch.Tensor             # [rows] int64
     lp_ids: Optional[torch.Tensor] = None    # [rows, 1 + n] int64

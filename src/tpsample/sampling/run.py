@@ -26,7 +26,7 @@ def sample_batch(x: torch.Tensor, col_start: int, b: RowBatch, batch_of: Callabl
                  meter=None, inplace: bool = False) -> RowResult:
     """batch_of(rows): the RowBatch of a subset of b's rows (host indices), for the split."""
     if _wanted(x) and isinstance(red, LocalRows):
-        slow = np.flatnonzero(b.host.has_draft | ((b.host.num_logprobs >= 0) & b.host.processed))
+        slow = _slow_rows(b.host)
         if len(slow) == 0 and draft_probs is None:
             res = try_fast_path(x, col_start, b, red, bitmask, None, inplace, meter)
         else:
@@ -34,6 +34,14 @@ def sample_batch(x: torch.Tensor, col_start: int, b: RowBatch, batch_of: Callabl
         if res is not None:
             return res
     return sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=meter, inplace=inplace)
+
+
+def _slow_rows(host) -> np.ndarray:
+    """Rows the kernels do not finish: draft verification, processed logprobs (once per rows)."""
+    got = host.memo.get("slow")
+    if got is None:
+        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed))
+    return got
 
 
 def _split(x, col_start, b, batch_of, red, bitmask, draft_probs, meter, inplace, slow):
@@ -55,7 +63,7 @@ def _split(x, col_start, b, batch_of, red, bitmask, draft_probs, meter, inplace,
 
 
 def _merge(res: RowResult, part: RowResult, idx: torch.Tensor, width_n: int) -> None:
-    res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted
+    res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted.to(res.accepted.dtype)
     res.fallback[idx], res.num_nans[idx] = part.fallback.to(res.fallback.dtype), part.num_nans
     if part.lp_ids is not None:
         n_rows, w = res.emitted.shape[0], 1 + width_n

@@ -11,7 +11,7 @@ needs, so the pipeline skips the others and never reads the device to decide.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -39,22 +39,37 @@ class PenaltyRows:
     row does not use is the identity, rep 1 / freq 0 / pres 0).
 
     rows / slots [m] int64 (device): batch rows and their slots; seq [m, W] int64: each row's
-    outputs, then the drafts before the row (-1 pad), in order; prompt_table [slots, cap] int32
-    (or None): each slot's distinct prompt tokens, ascending, -1 padded (empty without a
-    repetition penalty); prompt_width: the longest of the rows' prompt sets; f32_table / columns:
-    the per-slot parameter table and its (rep, freq, pres) columns."""
+    outputs, then the drafts before the row (-1 pad), in order (None: built by `build_seq` on
+    first use); prompt_table [slots, cap] int32 (or None): each slot's distinct prompt tokens,
+    ascending, -1 padded (empty without a repetition penalty); prompt_width: the longest of the
+    rows' prompt sets; f32_table / columns: the per-slot parameter table and its (rep, freq, pres)
+    columns. ordered / num_out: when no row verifies drafts, each slot's outputs ascending
+    ([slots, cap + 1] int32, `History.ordered`) and their counts [slots] int64, which the kernel
+    reads in place of sorting seq."""
     rows: torch.Tensor
     slots: torch.Tensor
-    seq: torch.Tensor
+    seq: Optional[torch.Tensor]
     prompt_table: Optional[torch.Tensor]
     prompt_width: int
     f32_table: torch.Tensor
     columns: tuple
+    ordered: Optional[torch.Tensor] = None
+    num_out: Optional[torch.Tensor] = None
+    build_seq: Optional[Callable[[], torch.Tensor]] = field(default=None, repr=False)
+    _built: list = field(default_factory=list, repr=False, compare=False)
+
+    def outputs(self) -> torch.Tensor:
+        """seq (built once when it was left to `build_seq`)."""
+        if self.seq is not None:
+            return self.seq
+        if not self._built:
+            self._built.append(self.build_seq())
+        return self._built[0]
 
     def prompt(self) -> torch.Tensor:
         """[m, prompt_width] int64 the rows' prompt sets (-1 pad)."""
         if self.prompt_table is None or self.prompt_width == 0:
-            return self.seq.new_full((self.rows.shape[0], 0), -1)
+            return self.rows.new_full((self.rows.shape[0], 0), -1)
         return self.prompt_table.index_select(0, self.slots)[:, : self.prompt_width].to(torch.int64)
 
     def values(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

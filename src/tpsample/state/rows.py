@@ -189,9 +189,17 @@ class _Ctx:
         return torch.where(match, last, torch.full_like(last, -1))
 
     def penalties(self, r_np, r_d) -> Optional[PenaltyRows]:
+        """Without drafts the rows' outputs are the slots' histories: the kernel reads their
+        ascending copy in place (seq is built only if the torch processors run)."""
         if not len(r_np):
             return None
         table = self.store.padded["prompt_set"]
         width = table.max_length(self.rows.slots[r_np])
-        return PenaltyRows(r_d, self.slots_d.index_select(0, r_d), self._sequence(r_np, r_d)[0],
-                           table.table, width, self.source.f32_table, (REP, FREQ, PRES))
+        slots = self.slots_d.index_select(0, r_d)
+        if self.rows.drafts_before is None:
+            h = self.store.history
+            return PenaltyRows(r_d, slots, None, table.table, width, self.source.f32_table, (REP, FREQ, PRES),
+                               ordered=h.ordered, num_out=h.num_out,
+                               build_seq=lambda: self._sequence(r_np, r_d)[0])
+        return PenaltyRows(r_d, slots, self._sequence(r_np, r_d)[0], table.table, width, self.source.f32_table,
+                           (REP, FREQ, PRES))
