@@ -4,10 +4,12 @@ For each case (256 x 151,936): median host us of plan(), sample() and reading th
 the CUDA launches and aten ops per call (torch profiler); and the top Python functions by own
 time (cProfile), eager and replayed from a CUDA graph (in-place cases sample stale buffers when replayed:
 the host cost is the same).
-    python scripts/profile_step.py [rows] > profile.txt
+    python scripts/profile_step.py [rows [case ...]] > profile.txt
+BRIEF=1 leaves out the CPU events and the cProfile tables (timings and per-kernel device time only).
 """
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -18,6 +20,8 @@ import torch
 
 import tpsample
 from tpsample.bench.compare import CASES
+
+BRIEF = os.environ.get("BRIEF") == "1"
 
 
 def timed(fn, n=30):
@@ -37,21 +41,26 @@ def launches(fn, n=5):
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
-    cpu, gpu = Counter(), Counter()
+    cpu, gpu, gpu_us = Counter(), Counter(), Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             gpu[e.name[:70]] += 1
+            gpu_us[e.name[:70]] += e.device_time_total
         else:
             cpu[e.name[:70]] += 1
-    print(f"  kernels per call: {sum(gpu.values()) / n:.1f}")
+    print(f"  kernels per call: {sum(gpu.values()) / n:.1f}, device us per call {sum(gpu_us.values()) / n:.0f}")
     for name, c in gpu.most_common(40):
-        print(f"    {c / n:5.1f}  {name}")
+        print(f"    {c / n:5.1f} {gpu_us[name] / n:7.1f} us  {name}")
+    if BRIEF:
+        return
     print(f"  cpu events per call: {sum(cpu.values()) / n:.1f}")
     for name, c in cpu.most_common(45):
         print(f"    {c / n:5.1f}  {name}")
 
 
 def hot(fn, n=50):
+    if BRIEF:
+        return
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(n):
@@ -67,9 +76,12 @@ def hot(fn, n=50):
 
 def main():
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    wanted = set(sys.argv[2:])
     vocab = 151936
     x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
     for case in CASES:
+        if wanted and case.name not in wanted:
+            continue
         inplace = case.prompt_len > 1
         s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="replicated", seed=1, device=x.device,
                              inplace_logits=inplace, max_logprobs=20)

@@ -53,7 +53,7 @@ def _case(seed: int, rows: int = 7, slots: int = 10, width: int = 60, prompt: in
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("shard", [(0, V), (130, 250)])
 def test_penalty_kernel_equals_torch_processors_bitwise(kernel, seed, shard):
-    x, rows, slots, seq, table, f32 = _case(seed)
+    x, rows, slots, seq, table, f32 = _case(seed, prompt=40 if seed < 3 else 450)   # 450: several blocks
     start, end = shard
     width = int((table >= 0).sum(dim=1).max())
     pen = PenaltyRows(rows, slots, seq, table, width, f32, (3, 4, 5))

@@ -25,11 +25,16 @@ def test_launch_key_separates_what_triton_specialises_on():
     assert key(args, {})[0] == tuple(launcher._spec(a) for a in args)               # the inlined _spec
 
 
-def test_constexpr_positions_come_from_the_kernel_signature():
-    from tpsample.kernels.history_ops import _append_kernel
-    names = [p.name for p in _append_kernel.params]
-    got = launcher.Launcher(_append_kernel).const_positions
-    assert [names[i] for i in got] == ["WIDTH", "BLOCK"]
+def test_constexpr_positions_come_from_the_kernel_signature(monkeypatch):
+    import triton
+    import triton.language as tl
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)     # a compiled kernel's signature
+
+    @triton.jit
+    def kernel(x_ptr, n, WIDTH: tl.constexpr, stride, BLOCK: tl.constexpr):
+        pass
+
+    assert launcher.Launcher(kernel).const_positions == (2, 4)
 
 
 def test_direct_launch_only_without_launch_hooks(monkeypatch):

@@ -5,9 +5,9 @@ plans capture refuses before it needs a GPU; and `CapturedStep.replay`'s host fl
 for the graph that runs the recorded step again. The graph itself is tested in test_sampler_cuda.py."""
 from __future__ import annotations
 
-import contextlib
 import gc
 
+import fake_graphs
 import numpy as np
 import pytest
 import torch
@@ -187,37 +187,13 @@ def test_replay_guard_refuses_stale_plans_full_history_and_new_tables():
         guard.check()
 
 
-class FakeGraph:
-    """A CUDA graph's stand-in on CPU: a replay runs the recorded step again. The host flow of
-    a replay is the real one; the frozen shapes of a real graph are only tested on a GPU."""
-
-    def __init__(self):
-        self.step = None
-
-    def replay(self):
-        self.step._record()
-
-
 @pytest.fixture
 def cpu_capture(monkeypatch):
-    monkeypatch.setattr(capture, "_require_cuda", lambda logits: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    full_views = fake_graphs.install(monkeypatch)
 
     def make(s, plan, buffer, **kw):
-        @contextlib.contextmanager
-        def recording(graph):           # a capture records the step without running it: undo its append
-            h = s.store.history
-            make.full_views.append(h.full_views)
-            saved = h.tokens.clone(), h.num_out.clone()
-            yield
-            h.tokens.copy_(saved[0]), h.num_out.copy_(saved[1])
-
-        monkeypatch.setattr(torch.cuda, "graph", recording)
-        step = s.capture(plan, buffer, **kw)
-        step.graph.step = step
-        return step
-    make.full_views = []
+        return s.capture(plan, buffer, **kw)
+    make.full_views = full_views
     return make
 
 

@@ -235,9 +235,10 @@ class Sampler:
         return SamplerOutput(result.block, m, result.logprobs)
 
     def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
-        """Record a plain decode step (no drafts, logprobs or grammar mask) of `sample` for this
-        plan and this logits buffer in a CUDA graph; `.replay()` then samples the buffer's current
-        contents with the same tokens an eager `sample` gives (see `tpsample.capture`)."""
+        """Record a decode step of `sample` (no drafts, grammar mask or processed logprobs) for
+        this plan and this logits buffer in a CUDA graph; `.replay()` then samples the buffer's
+        current contents with the tokens and logprobs an eager `sample` gives (see
+        `tpsample.capture`). reserve_tokens: history room per request for later replays."""
         from .capture import CapturedStep
         return CapturedStep(self, plan, logits, reserve_tokens)
 

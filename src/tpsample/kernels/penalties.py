@@ -72,16 +72,16 @@ def _penalty_kernel(l_ptr, l_stride, cols, col_start, rows_ptr, slots_ptr, seq_p
         seq = seq_ptr + i.to(tl.int64) * seq_stride
         n = width + 0 * slot
     ps = ps_ptr + slot.to(tl.int64) * ps_stride
-    # the distinct prompt tokens (each once), counted in the outputs
-    for s in range(0, ps_width, BLOCK):
-        j = s + tl.arange(0, BLOCK)
+    b = tl.program_id(1)          # one block of the prompt set, or (after those) of the outputs
+    prompt_blocks = tl.cdiv(ps_width, BLOCK)
+    if b < prompt_blocks:         # distinct prompt tokens (each once), counted in the outputs
+        j = b * BLOCK + tl.arange(0, BLOCK)
         t = tl.load(ps + j, mask=j < ps_width, other=-1).to(tl.int64)
         ok = (t >= col_start) & (t < col_start + cols)
         c = _bound(seq, n, t, seq_steps, True, False) - _bound(seq, n, t, seq_steps, False, False)
         _penalize(base, t, ok, c, r, f, p)
-    # the distinct output tokens the prompt set lacks (first of each run of the sorted outputs)
-    for s in range(0, n, BLOCK):
-        j = s + tl.arange(0, BLOCK)
+    elif (b - prompt_blocks) * BLOCK < n:   # distinct outputs the prompt set lacks (first of each run)
+        j = (b - prompt_blocks) * BLOCK + tl.arange(0, BLOCK)
         t = tl.load(seq + j, mask=j < n, other=-1)
         prev = tl.load(seq + j - 1, mask=(j > 0) & (j < n), other=-1)
         first = (t >= 0) & ((j == 0) | (prev != t))
@@ -113,7 +113,11 @@ def apply_penalties_(l: torch.Tensor, col_start: int, rows: torch.Tensor, slots:
     if prompt_table is None or prompt_width == 0:
         prompt_table, prompt_width = seq, 0          # any pointer: the prompt loop does not run
     rep, freq, pres = columns
-    _PENALTY((m,), l, l.stride(0), l.shape[1], col_start, rows, slots, seq, seq.stride(0), width,
+    block = 256
+    # a program per block of a row's prompt set and per block its outputs may fill: the token
+    # blocks of a row are independent (each token is written once), so they run side by side
+    grid = (m, -(-prompt_width // block) + max(1, -(-width // block)))
+    _PENALTY(grid, l, l.stride(0), l.shape[1], col_start, rows, slots, seq, seq.stride(0), width,
              max(1, width).bit_length(), lengths if lengths is not None else rows, prompt_table,
              prompt_table.stride(0), prompt_width, max(1, prompt_width).bit_length(), f32_table, f32_table.stride(0),
-             REP=rep, FREQ=freq, PRES=pres, BY_SLOT=lengths is not None, BLOCK=256, enable_fp_fusion=False)
+             REP=rep, FREQ=freq, PRES=pres, BY_SLOT=lengths is not None, BLOCK=block, enable_fp_fusion=False)

@@ -9,7 +9,20 @@ import torch
 from .. import noise
 
 
+_OK: dict = {}
+
+
 def _kernel_ok(t: torch.Tensor) -> bool:
+    """Kernels run on t's device: CUDA with Triton, or CPU when asked (the answer is kept per
+    device and the two variables that decide it on CPU, which tests set per module)."""
+    key = (t.device, os.environ.get("TPSAMPLE_KERNELS_ON_CPU"), os.environ.get("TRITON_INTERPRET"))
+    got = _OK.get(key)
+    if got is None:
+        got = _OK[key] = _kernel_ok_now(t)
+    return got
+
+
+def _kernel_ok_now(t: torch.Tensor) -> bool:
     if not (t.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"):
         return False
     try:
@@ -28,10 +41,20 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[t
     return noise.row_keys(seeds, positions, salt)
 
 
+_PROBES: dict = {}
+
+
+def _probe(device) -> torch.Tensor:
+    """An empty tensor on `device` (kept: one per device)."""
+    got = _PROBES.get(str(device))
+    if got is None:
+        got = _PROBES[str(device)] = torch.empty(0, device=device)
+    return got
+
+
 def append_kernel(device: torch.device):
     """The history-append kernel for `device`, or None (torch ops then)."""
-    probe = torch.empty(0, device=device)
-    if not _kernel_ok(probe):
+    if not _kernel_ok(_probe(device)):
         return None
     from ..kernels.history_ops import append_history
     return append_history
@@ -39,8 +62,7 @@ def append_kernel(device: torch.device):
 
 def mask_nans_kernel(device: torch.device):
     """The in-place NaN -> -inf kernel for `device`, or None (torch ops then)."""
-    probe = torch.empty(0, device=device)
-    if not _kernel_ok(probe):
+    if not _kernel_ok(_probe(device)):
         return None
     from ..kernels.step_ops import mask_nans_
     return mask_nans_
@@ -48,8 +70,7 @@ def mask_nans_kernel(device: torch.device):
 
 def penalty_kernel(device: torch.device):
     """The one-launch penalty kernel for `device` (`kernels.penalties`), or None (torch ops then)."""
-    probe = torch.empty(0, device=device)
-    if not _kernel_ok(probe):
+    if not _kernel_ok(_probe(device)):
         return None
     from ..kernels.penalties import apply_penalties_
     return apply_penalties_

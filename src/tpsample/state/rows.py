@@ -81,11 +81,16 @@ def _static_part(store, rows: RowsView, device: torch.device) -> dict:
     want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
     names = list(want)
     drafts = rows.drafts_before if rows.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
-    dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names], device)
+    # each list's rows and their slots (the slots of a plan's rows do not change while it is current)
+    dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names]
+                 + [slots[want[k]] for k in names], device)
     host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
                     processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
-    return {"host": host, "want": want, "idx": dict(zip(names, dev[4:])), "slots": dev[0], "offsets": dev[1],
-            "draft": dev[2], "drafts": dev[3], "stops_any": bool((flags & F_STOPS).any())}
+    k = len(names)
+    return {"host": host, "want": want, "idx": dict(zip(names, dev[4:4 + k])),
+            "idx_slots": dict(zip(names, dev[4 + k:])), "slots": dev[0], "offsets": dev[1],
+            "draft": dev[2], "drafts": dev[3], "stops_any": bool((flags & F_STOPS).any()),
+            "prompt_width": store.padded["prompt_set"].max_length(slots[want["penalty"]])}
 
 
 def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
@@ -101,7 +106,7 @@ def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
     idx["stops"] = upload([want["stops"]], device)[0] if len(want["stops"]) else None
     source = RowSource(store.f32.device_table, store.i64.device_table, store.history.num_out, c["slots"],
                        c["offsets"], COLUMNS)
-    ctx = _Ctx(store, rows, source, c["drafts"], device)
+    ctx = _Ctx(store, rows, source, c["drafts"], device, c)
     return RowBatch(
         num_rows=len(rows.slots), vocab_size=store.vocab_size, source=source, draft_tokens=c["draft"], host=c["host"],
         bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
@@ -115,9 +120,10 @@ def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
 class _Ctx:
     """The gathers behind each sparse field of a RowBatch (only for the rows that use it)."""
 
-    def __init__(self, store, rows: RowsView, source, drafts_d, device):
+    def __init__(self, store, rows: RowsView, source, drafts_d, device, static: dict):
         self.store, self.rows, self.device, self.source = store, rows, device, source
         self.slots_d, self.offsets_d, self.drafts_d = source.slots, source.offsets, drafts_d
+        self.static = static
         self._num_out = None
 
     @property
@@ -194,8 +200,8 @@ class _Ctx:
         if not len(r_np):
             return None
         table = self.store.padded["prompt_set"]
-        width = table.max_length(self.rows.slots[r_np])
-        slots = self.slots_d.index_select(0, r_d)
+        width = self.static["prompt_width"]
+        slots = self.static["idx_slots"]["penalty"]
         if self.rows.drafts_before is None:
             h = self.store.history
             return PenaltyRows(r_d, slots, None, table.table, width, self.source.f32_table, (REP, FREQ, PRES),
