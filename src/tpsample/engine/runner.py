@@ -7,9 +7,8 @@ Contract
   this rank's local logits for the sampled rows in `plan.logits_order`, and calls the sampler.
 - Outputs: the sampler's `SamplerOutput` (identical on every rank) or None when nothing sampled.
 - Paths: on CUDA the attention is the Triton paged kernels and pure decode steps replay a CUDA
-  graph (forward + LM head); the sampler replays a graph of its own once the batch has been the
-  same for a few steps (`SamplerGraphs`, TP = 1); prefill, mixed and draft steps run eagerly.
-  On CPU: the torch attention, eagerly. Metadata is built with numpy, never per token.
+  graph (forward + LM head; the sampler runs outside it); prefill, mixed and draft steps run
+  eagerly. On CPU: the torch attention, eagerly. Metadata is built with numpy, never per token.
 - Invariants: never all-gathers logits (what crosses ranks is the sampler strategy's business);
   every rank executes every step, including ranks that own no sampled row; the KV capacity is
   the same on every rank. `close` drops every device tensor the runner holds.
@@ -26,7 +25,6 @@ import tpsample
 from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
-from tpsample.engine.sampler_graphs import SamplerGraphs
 from tpsample.engine.step import StepInput
 from tpsample.model import (
     AttentionMetadata,
@@ -88,8 +86,6 @@ class ModelRunner:
                                        page_size=cfg.block_size, max_seq_len=self.max_seq_len, device=self.device)
             self.graphs.capture()
         self.cuda_graph_batch_sizes = tuple(self.graphs.sizes) if self.graphs else ()
-        # decode steps of a stable batch also replay the sampler from a graph (TP = 1)
-        self.sampler_graphs = SamplerGraphs(self.sampler) if self.graphs is not None else None
 
     def _graphs_supported(self) -> bool:
         # dynamic NTK RoPE computes angles from each sequence's length on the host side of torch ops
@@ -122,7 +118,7 @@ class ModelRunner:
         if decode and self.graphs is not None and self.graphs.bucket(len(s_lens)) is not None:
             plan = self._plan(step)
             logits = self.graphs.run(token_ids, positions, slots, s_lens, tables)    # [S, V_r], row = seq
-            return self.sampler_graphs.sample(_reorder(logits, plan.logits_order), plan)
+            return self.sampler.sample(_reorder(logits, plan.logits_order), plan)
         meta = self._metadata(q_lens, s_lens, tables, slots, decode)
         dev = self.device
         hidden = self.model(torch.from_numpy(token_ids).to(dev), torch.from_numpy(positions).to(dev), meta)
@@ -147,13 +143,11 @@ class ModelRunner:
 
     def close(self) -> None:
         """Release the model, KV cache, graphs and sampler (and their device memory)."""
-        if self.sampler_graphs is not None:
-            self.sampler_graphs.close()
         if self.graphs is not None:
             self.graphs.close()
         for attn in (self.model.attention_layers() if self.model is not None else []):
             attn.kv_cache = None
-        self.graphs = self.sampler_graphs = self.kv_cache = self.model = self.sampler = None
+        self.graphs = self.kv_cache = self.model = self.sampler = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
