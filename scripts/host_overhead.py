@@ -19,8 +19,7 @@ os.environ["TPSAMPLE_KERNELS_ON_CPU"] = "1"
 
 import torch  # noqa: E402
 
-import tpsample  # noqa: E402
-from tpsample.bench.compare import CASES  # noqa: E402
+from tpsample.bench.compare import CASES, case_sampler  # noqa: E402
 from tpsample.kernels import launcher  # noqa: E402
 
 
@@ -42,13 +41,7 @@ def main():
     torch.set_num_threads(1)
     x = torch.randn(args.rows, args.vocab) * 3
     for case in CASES:
-        s = tpsample.Sampler(args.vocab, max_num_reqs=args.rows, strategy="replicated", seed=1,
-                             inplace_logits=case.prompt_len > 1, max_logprobs=20)
-        g = torch.Generator().manual_seed(0)
-        for i in range(args.rows):
-            prompt = torch.randint(0, args.vocab, (min(case.prompt_len, 200),), generator=g).tolist()
-            s.add_request(f"r{i}", tpsample.SamplingParams(seed=i, max_tokens=10**6, **case.params), prompt)
-        ids = [f"r{i}" for i in range(args.rows)]
+        s, ids = case_sampler(case, args.rows, args.vocab, prompt_len=min(case.prompt_len, 200))
 
         def call():
             out = s.sample(x, s.plan(ids))

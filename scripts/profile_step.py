@@ -18,8 +18,7 @@ from collections import Counter
 
 import torch
 
-import tpsample
-from tpsample.bench.compare import CASES
+from tpsample.bench.compare import CASES, case_sampler
 
 BRIEF = os.environ.get("BRIEF") == "1"
 
@@ -82,14 +81,7 @@ def main():
     for case in CASES:
         if wanted and case.name not in wanted:
             continue
-        inplace = case.prompt_len > 1
-        s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="replicated", seed=1, device=x.device,
-                             inplace_logits=inplace, max_logprobs=20)
-        g = torch.Generator().manual_seed(0)
-        for i in range(rows):
-            prompt = torch.randint(0, vocab, (case.prompt_len,), generator=g).tolist()
-            s.add_request(f"r{i}", tpsample.SamplingParams(seed=i, max_tokens=10**6, **case.params), prompt)
-        ids = [f"r{i}" for i in range(rows)]
+        s, ids = case_sampler(case, rows, vocab, x.device)
         work = x.clone()
 
         def full():

@@ -14,7 +14,6 @@ import torch
 
 import tpsample
 from tpsample import SamplingParams as P
-from tpsample import capture
 from tpsample.capture import ReplayGuard
 from tpsample.sampling.output import HostLayout, LogprobsOutput, ReplayResults, SamplerOutput
 

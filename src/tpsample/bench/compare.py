@@ -83,17 +83,24 @@ def _wall_us(fn, iters: int, before=None) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(hosts)
 
 
-def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
+def case_sampler(case: Case, rows: int, vocab: int, device=None, prompt_len: int | None = None):
+    """(sampler, request ids): `rows` seeded requests with the case's parameters and random
+    prompts of the case's length (or `prompt_len`); in place when the case has prompts, as an
+    engine samples them."""
     import tpsample
-    rows, vocab = x.shape
-    inplace = case.prompt_len > 1
-    s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="replicated", seed=1, device=x.device,
-                         inplace_logits=inplace, max_logprobs=20)
+    s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="replicated", seed=1, device=device,
+                         inplace_logits=case.prompt_len > 1, max_logprobs=20)
     g = torch.Generator().manual_seed(0)
     for i in range(rows):
-        prompt = torch.randint(0, vocab, (case.prompt_len,), generator=g).tolist()
+        prompt = torch.randint(0, vocab, (prompt_len or case.prompt_len,), generator=g).tolist()
         s.add_request(f"r{i}", tpsample.SamplingParams(seed=i, max_tokens=10**6, **case.params), prompt)
-    ids = [f"r{i}" for i in range(rows)]
+    return s, [f"r{i}" for i in range(rows)]
+
+
+def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
+    rows, vocab = x.shape
+    inplace = case.prompt_len > 1
+    s, ids = case_sampler(case, rows, vocab, x.device)
     work = x.clone() if inplace else x
     refill = (lambda: work.copy_(x)) if inplace else None
 
@@ -101,18 +108,7 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         out = s.sample(work, s.plan(ids))
         return lambda: (out.token_lists(), out.logprobs)
 
-    for _ in range(3):
-        if refill:
-            refill()
-        call()()
-    wall, host = _wall_us(call, iters, refill)
-    if refill:
-        refill()
-    device = _device_us(lambda: call()(), 3)
-    if refill:
-        refill()
-    mem = _peak_extra(lambda: call()(), x.device)
-    out = [{"impl": "tpsample eager", "wall_us": wall, "host_us": host, "device_us": device, "extra_mib": mem}]
+    out = [{"impl": "tpsample eager", **_measure(call, iters, refill, x.device)}]
     # what an engine that graphs its decode step pays: the same step captured once and replayed
     # (the buffer refilled before each replay when the sampler works in place, as the LM head would)
     if refill:
@@ -123,19 +119,28 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         out = step.replay()
         return lambda: (out.token_lists(), out.logprobs)
 
-    for _ in range(3):
+    out.append({"impl": "tpsample graph", **_measure(replay, iters, refill, x.device)})
+    return out
+
+
+def _measure(call, iters: int, refill, device) -> dict:
+    """Warm-up, then wall / host time, device time and extra memory of call()() (refill() before
+    the warm-up and timed calls when given: an in-place sampler overwrites its input)."""
+    def run():
         if refill:
             refill()
-        replay()()
-    wall, host = _wall_us(replay, iters, refill)
+        call()()
+
+    for _ in range(3):
+        run()
+    wall, host = _wall_us(call, iters, refill)
+    if refill:                  # refilled outside the profiled calls (a copy is no sampling work)
+        refill()
+    device_us = _device_us(lambda: call()(), 3)
     if refill:
         refill()
-    device = _device_us(lambda: replay()(), 3)
-    if refill:
-        refill()
-    out.append({"impl": "tpsample graph", "wall_us": wall, "host_us": host, "device_us": device,
-                "extra_mib": _peak_extra(lambda: replay()(), x.device)})
-    return out
+    return {"wall_us": wall, "host_us": host, "device_us": device_us,
+            "extra_mib": _peak_extra(lambda: call()(), device)}
 
 
 def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:

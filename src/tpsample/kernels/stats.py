@@ -4,7 +4,8 @@ stats_kernel, grid (rows, splits): over a split of the transformed row l (fp32(x
 T != 0, < threshold -> -inf, NaN -> -inf): the max and its lowest column; with LSE an online
 sum of exp(l - running max) in fp32; with TOP a sorted top-n list (NP slots, a power of two >= n) (value desc, column asc),
 merged only when a block holds an entry beating the current n-th; with CNT the count of
-entries > a per-row value (with TOK: the value of l at a per-row global token id). combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
+entries > a per-row value (with TOK: the value of l at a per-row global token id).
+combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
 """
 import triton
 import triton.language as tl
