@@ -2,7 +2,7 @@
 
 `sample_requests` builds the RowBatch of the given requests' rows from the per-slot state, runs
 the sampling path (kernels or torch pipeline), and returns the packed per-request block (see
-`sampling.output.assemble`) plus per-row logprobs padded to the plan's logprobs width, all on
+`sampling.assembly.assemble`) plus per-row logprobs padded to the plan's logprobs width, all on
 the logits' device. The strategies differ only in which rows and columns a rank holds, the
 reducer they pass, and how results travel.
 """
@@ -14,7 +14,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..sampling.output import LogprobsOutput, RequestRows, assemble
+from ..sampling.assembly import RequestRows, assemble
+from ..sampling.output import LogprobsOutput
 from ..sampling.run import sample_batch
 from ..state.store import RequestStore
 from .collectives import Collectives

@@ -8,7 +8,6 @@ import torch
 
 from .. import noise
 
-
 _OK: dict = {}
 
 
