@@ -81,14 +81,16 @@ def _static_part(store, rows: RowsView, device: torch.device) -> dict:
     want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
     names = list(want)
     drafts = rows.drafts_before if rows.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
-    # each list's rows and their slots (the slots of a plan's rows do not change while it is current)
+    # each list's rows, and the slots of the lists whose tables are read by slot (the slots of a
+    # plan's rows do not change while it is current)
+    by_slot = ("bias", "allowed", "bad", "penalty")
     dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names]
-                 + [slots[want[k]] for k in names], device)
+                 + [slots[want[k]] for k in by_slot], device)
     host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
                     processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
     k = len(names)
     return {"host": host, "want": want, "idx": dict(zip(names, dev[4:4 + k])),
-            "idx_slots": dict(zip(names, dev[4 + k:])), "slots": dev[0], "offsets": dev[1],
+            "idx_slots": dict(zip(by_slot, dev[4 + k:])), "slots": dev[0], "offsets": dev[1],
             "draft": dev[2], "drafts": dev[3], "stops_any": bool((flags & F_STOPS).any()),
             "prompt_width": store.padded["prompt_set"].max_length(slots[want["penalty"]])}
 
@@ -133,30 +135,38 @@ class _Ctx:
             self._num_out = self.source.num_out.index_select(0, self.slots_d)
         return self._num_out
 
-    def _table(self, name: str, r_np: np.ndarray, r_d: torch.Tensor) -> torch.Tensor:
-        """[m, longest] int64 rows of a padded table for batch rows r."""
+    def _slots_of(self, kind: str, r_d: torch.Tensor) -> torch.Tensor:
+        """[m] the slots of batch rows r_d: uploaded once per plan for the lists fixed by the
+        rows' flags (bias, allowed, bad, penalty), gathered per step for the min_tokens stops."""
+        got = self.static["idx_slots"].get(kind)
+        return got if got is not None else self.slots_d.index_select(0, r_d)
+
+    def _table(self, name: str, r_np: np.ndarray, slots: torch.Tensor) -> torch.Tensor:
+        """[m, longest] rows of a padded table for batch rows r (host indices r_np), slots [m]."""
         table = self.store.padded[name]
         width = max(1, table.max_length(self.rows.slots[r_np]))
-        return table.table.index_select(0, self.slots_d.index_select(0, r_d))[:, :width]
+        return table.table.index_select(0, slots)[:, :width]
 
     def bias(self, r_np, r_d) -> Optional[PaddedRows]:
         if not len(r_np):
             return None
-        tok = self._table("bias_tokens", r_np, r_d).to(torch.int64)
-        return PaddedRows(r_d, tok, self._table("bias_values", r_np, r_d))
+        slots = self._slots_of("bias", r_d)
+        tok = self._table("bias_tokens", r_np, slots).to(torch.int64)
+        return PaddedRows(r_d, tok, self._table("bias_values", r_np, slots))
 
     def allowed(self, r_np, r_d) -> Optional[AllowedRows]:
         if not len(r_np):
             return None
         table = self.store.padded["allowed"].table
-        return AllowedRows(r_d, table.index_select(0, self.slots_d.index_select(0, r_d)))
+        return AllowedRows(r_d, table.index_select(0, self._slots_of("allowed", r_d)))
 
     def banned(self, stop_np, stop_d, bad_np, bad_d) -> Optional[tuple[PaddedRows, ...]]:
         parts = []
         if len(stop_np):
-            tok = self._table("stops", stop_np, stop_d).to(torch.int64)
+            slots = self._slots_of("stops", stop_d)
+            tok = self._table("stops", stop_np, slots).to(torch.int64)
             src = self.source
-            need = src.i64_table[src.columns["min_tokens"]].index_select(0, self.slots_d.index_select(0, stop_d))
+            need = src.i64_table[src.columns["min_tokens"]].index_select(0, slots)
             done = self.num_out.index_select(0, stop_d) + self.offsets_d.index_select(0, stop_d)
             parts.append(PaddedRows(stop_d, tok.masked_fill_((done >= need).unsqueeze(1), -1)))
         if len(bad_np):
@@ -178,9 +188,10 @@ class _Ctx:
 
     def _bad_word_finals(self, r_np, r_d) -> torch.Tensor:
         """[m, words] final token of each bad word whose prefix ends the row's history, else -1."""
-        starts = self._table("bad_starts", r_np, r_d).to(torch.int64)
-        lens = self._table("bad_lens", r_np, r_d).to(torch.int64)
-        toks = self._table("bad_tokens", r_np, r_d).to(torch.int64)
+        slots = self._slots_of("bad", r_d)
+        starts = self._table("bad_starts", r_np, slots).to(torch.int64)
+        lens = self._table("bad_lens", r_np, slots).to(torch.int64)
+        toks = self._table("bad_tokens", r_np, slots).to(torch.int64)
         seq, length = self._sequence(r_np, r_d)
         m, words = starts.shape
         t = torch.arange(max(0, int(self.store.bad_longest[self.rows.slots[r_np]].max()) - 1), device=self.device)
@@ -201,7 +212,7 @@ class _Ctx:
             return None
         table = self.store.padded["prompt_set"]
         width = self.static["prompt_width"]
-        slots = self.static["idx_slots"]["penalty"]
+        slots = self._slots_of("penalty", r_d)
         if self.rows.drafts_before is None:
             h = self.store.history
             return PenaltyRows(r_d, slots, None, table.table, width, self.source.f32_table, (REP, FREQ, PRES),
