@@ -9,8 +9,9 @@ still below their min_tokens, and TP > 1 without NCCL.
 
 `replay()` samples whatever the buffer holds now and returns a `SamplerOutput` (shared mode),
 with the tokens and logprobs an eager `sample` would give: the noise keys come from the
-positions on the device, which advance with every replay, and the recorded history views
-(penalties, bad words) span the whole reserved history (`History.full_width`). Per replay:
+positions on the device, which advance with every replay; penalties read each slot's ascending
+history at its length on the device, and the recorded bad-word history views span the whole
+reserved history (`History.full_width`). Per replay:
 1. guards on the host, no table sync and no device read (`ReplayGuard`): the plan went stale
    (a request left or its slot was reused), the reserved history would overflow, or a table
    the graph reads was reallocated (by an eager step or another capture: new slots, longer
