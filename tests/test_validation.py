@@ -7,6 +7,7 @@ check request ids, drafts, bitmasks and tensor shapes. A rejected call changes n
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -43,6 +44,10 @@ PARAM_ERRORS = [
     ("stop_token_ids", [-1]), ("stop_token_ids", ["a"]), ("stop_token_ids", 5),
     ("bad_words_token_ids", [[]]), ("bad_words_token_ids", [[-1]]), ("bad_words_token_ids", [1, 2]),
     ("bad_words_token_ids", [[1]] * 129), ("bad_words_token_ids", [[1] * 1025]), ("bad_words_token_ids", 5),
+    # integers that would not fit the int64 / int32 tables they reach
+    ("min_tokens", 2**63), ("min_tokens", 10**30), ("min_tokens", np.uint64(2**64 - 1)), ("max_tokens", 2**63),
+    ("logprobs", 2**16 + 1), ("logprobs", 2**70), ("stop_token_ids", [2**31]), ("allowed_token_ids", [1, 2**40]),
+    ("logit_bias", {2**31: 1.0}), ("logit_bias", {10**30: 1.0}), ("bad_words_token_ids", [[1, 2**63]]),
 ]
 
 
@@ -58,10 +63,33 @@ def test_sampling_params_accepts_every_bound():
                {"min_p": 0.0}, {"min_p": 1.0}, {"min_p": 2.0**-126}, {"repetition_penalty": 0.01},
                {"repetition_penalty": 100}, {"logit_bias": {1: 100.0, 2: -100}}, {"frequency_penalty": 2.0},
                {"frequency_penalty": -2.0}, {"presence_penalty": 2}, {"presence_penalty": -2}, {"min_tokens": 0},
-               {"max_tokens": 1}, {"logprobs": 0}, {"seed": -(2**70)}, {"logprobs_mode": "processed"},
+               {"max_tokens": 1}, {"logprobs": 0}, {"seed": -(2**70)}, {"seed": 2**200}, {"logprobs_mode": "processed"},
+               {"min_tokens": 2**63 - 1}, {"max_tokens": 2**63 - 1}, {"logprobs": 2**16}, {"stop_token_ids": [2**31 - 1]},
+               {"logit_bias": {2**31 - 1: 1.0}}, {"allowed_token_ids": [2**31 - 1]},
                {"logit_bias": {t: -100.0 for t in range(1024)}}, {"allowed_token_ids": [0]},
                {"bad_words_token_ids": [list(range(1024))] * 128}, {"stop_token_ids": []}):
         SP(**kw)
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("min_tokens", 2**63, "[0, 2**63)"), ("max_tokens", 10**30, "[1, 2**63)"), ("logprobs", 2**70, "[0, 65536]"),
+    ("stop_token_ids", [2**31], "[0, 2**31)"), ("allowed_token_ids", [2**31], "[0, 2**31)"),
+    ("logit_bias", {2**31: 1.0}, "[0, 2**31)"), ("bad_words_token_ids", [[2**31]], "[0, 2**31)"),
+    ("seed", 1.5, "any size: used mod 2**64"),
+])
+def test_integers_too_wide_for_their_table_are_refused_naming_the_range(field, value, allowed):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be .*{re.escape(allowed)}"):
+        SP(**{field: value})
+
+
+def test_seeds_of_any_size_sample_as_the_seed_mod_2_64():
+    x = torch.randn(1, V, generator=torch.Generator().manual_seed(2))
+    got = {}
+    for seed in (5, 5 + 2**64, 5 - 2**64, 5 + 2**200):
+        s = sampler()
+        s.add_request("a", SP(seed=seed), [1])
+        got[seed] = [s.sample(x, s.plan(["a"])).tokens(0)[0] for _ in range(4)]
+    assert len({tuple(v) for v in got.values()}) == 1
 
 
 def test_sampling_params_is_frozen():
@@ -225,11 +253,31 @@ def test_add_request_rejects_non_params_duplicates_and_a_full_table():
     ("strategy", {"strategy": "sharded"}), ("max_num_logits_per_req", {"max_num_logits_per_req": 0}),
     ("max_logprobs", {"max_logprobs": -1}), ("eos_token_id", {"eos_token_id": V}),
     ("eos_token_id", {"eos_token_id": -1}), ("max_num_reqs", {"max_num_reqs": 0}),
+    ("device", {"device": "tpu"}), ("device", {"device": "meta"}), ("device", {"device": "cuda:4096"}),
+    ("device", {"device": 1.5}), ("device", {"device": "cpu:x"}),
+    ("timeout_s", {"timeout_s": -1}), ("timeout_s", {"timeout_s": 0}), ("timeout_s", {"timeout_s": NAN}),
+    ("timeout_s", {"timeout_s": INF}), ("timeout_s", {"timeout_s": "60"}), ("timeout_s", {"timeout_s": True}),
+    ("seed", {"seed": 1.5}), ("seed", {"seed": "7"}), ("group", {"group": 5}),
+    ("inplace_logits", {"inplace_logits": 1}), ("profile_memory", {"profile_memory": None}),
+    ("check_plans", {"check_plans": "yes"}),
 ])
 def test_sampler_constructor_rejects_bad_arguments(field, kw):
     kw = {"vocab_size": V, **kw}
     with pytest.raises(ValueError, match=field):
         tpsample.Sampler(kw.pop("vocab_size"), **kw)
+
+
+def test_sampler_constructor_accepts_the_devices_that_exist_here():
+    for device in (None, "cpu", torch.device("cpu"), "cpu:0"):
+        assert tpsample.Sampler(V, seed=0, device=device).device == (None if device is None else torch.device(device))
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device in ["cuda", f"cuda:{n - 1}", n - 1][: 3 if n else 0]:
+        assert tpsample.Sampler(V, seed=0, device=device).device.type == "cuda"
+    if not n:
+        with pytest.raises(ValueError, match=r"device must be None or 'cpu' \(no CUDA device here\)"):
+            tpsample.Sampler(V, seed=0, device="cuda")
+    with pytest.raises(ValueError, match=rf"device must be .*N < {n}" if n else "no CUDA device"):
+        tpsample.Sampler(V, seed=0, device=f"cuda:{n}")
 
 
 def two_requests() -> tpsample.Sampler:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 FP32_MAX = 3.4028234663852886e38
 FP32_TINY = 2.0 ** -126          # smallest normal fp32: smaller values are 0 (or denormal) in fp32
+INT64_MAX = (1 << 63) - 1        # integer fields stored in int64 tables stay at or below this
+MAX_TOKEN_ID = (1 << 31) - 1     # token ids live in int32 tables (and the vocabulary is < 2**31)
 
 
 def fail(field: str, allowed: str, value) -> ValueError:
@@ -63,13 +65,13 @@ def as_bool(x, field: str) -> bool:
 
 
 def token_ids(seq, field: str, allowed: str, *, non_empty: bool = False) -> tuple[int, ...]:
-    """A frozen copy of a list/tuple of token ids (ints >= 0)."""
+    """A frozen copy of a list/tuple of token ids (ints in [0, MAX_TOKEN_ID])."""
     if not isinstance(seq, (list, tuple)) or (non_empty and not seq):
         raise fail(field, allowed, seq)
     out = tuple(t if type(t) is int else as_int(t, field, allowed) for t in seq)
-    bad = [t for t in out if t < 0]
+    bad = [t for t in out if not 0 <= t <= MAX_TOKEN_ID]
     if bad:
-        raise fail(field, "token ids >= 0", bad[:5])
+        raise fail(field, "token ids in [0, 2**31)", bad[:5])
     return out
 
 

@@ -16,6 +16,12 @@ Ranges, and why (the sampler computes in fp32):
   and 1e-300 is 0 in fp32 (`l / r` = inf).
 - `top_p` in (0, 1] and `min_p` (when not 0) at least 2**-126 (~1.2e-38, the smallest normal
   fp32): smaller values are 0 in fp32, which would keep no token at all.
+- Integers that reach the sampler's int64 / int32 tables are bounded so that they fit: `min_tokens`
+  in [0, 2**63), `max_tokens` in [1, 2**63), `logprobs` in [0, 65536] (the most any sampler
+  allows, see `MAX_LOGPROBS`), token ids (`stop_token_ids`, `allowed_token_ids`, `logit_bias`
+  keys, `bad_words_token_ids`) in [0, 2**31) (int32 tables; the vocabulary is below 2**31).
+- `seed`: any integer (or None). The noise keys on the seed mod 2**64, so seeds equal mod 2**64
+  (e.g. -1 and 2**64 - 1) give the same tokens; nothing is stored wider than int64.
 Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
 (100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
 argmax, flagged) applies.
@@ -27,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from .coerce import FP32_TINY, FrozenDict, as_bool, as_float, as_int, check, fail, token_ids
+from .coerce import FP32_TINY, INT64_MAX, MAX_TOKEN_ID, FrozenDict, as_bool, as_float, as_int, check, fail, token_ids
 
 MAX_LOGIT_BIAS = 1024           # entries
 MAX_BAD_WORDS = 128             # sequences
@@ -39,6 +45,8 @@ PENALTY_BOUND = 2.0             # |frequency_penalty|, |presence_penalty|
 MAX_STOP_STRINGS = 16           # stop strings per request
 MAX_STOP_STRING_LEN = 256       # characters per stop string
 LOGPROBS_MODES = ("raw", "processed")
+MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is a full sort
+TOKEN_IDS = "token ids in [0, 2**31)"      # MAX_TOKEN_ID + 1 = 2**31
 
 
 def _real(value, field: str, lo: float, hi: float, allowed: str, *, or_zero: bool = False) -> float:
@@ -47,9 +55,10 @@ def _real(value, field: str, lo: float, hi: float, allowed: str, *, or_zero: boo
     return v
 
 
-def _int(value, field: str, lo: int, allowed: str) -> int:
+def _int(value, field: str, lo: int, allowed: str, hi: int = INT64_MAX) -> int:
+    """value as an int in [lo, hi] (hi defaults to int64's largest: the value fits its table)."""
     v = as_int(value, field, allowed)
-    check(v >= lo, field, allowed, value)
+    check(lo <= v <= hi, field, allowed, value)
     return v
 
 
@@ -98,15 +107,17 @@ class SamplingParams:
             "top_p": _real(self.top_p, "top_p", FP32_TINY, 1.0, "in (0, 1] (and >= 1.2e-38, fp32's smallest normal)"),
             "min_p": _real(self.min_p, "min_p", FP32_TINY, 1.0,
                            "in [0, 1] (0 = off; non-zero values >= 1.2e-38, fp32's smallest normal)", or_zero=True),
-            "seed": None if self.seed is None else as_int(self.seed, "seed", "None or an integer"),
+            "seed": None if self.seed is None else as_int(self.seed, "seed",
+                                                          "None or an integer (any size: used mod 2**64)"),
             "repetition_penalty": _real(self.repetition_penalty, "repetition_penalty", r_lo, r_hi,
                                         f"in [{r_lo:g}, {r_hi:g}] (1 = off)"),
             "frequency_penalty": _real(self.frequency_penalty, "frequency_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
             "presence_penalty": _real(self.presence_penalty, "presence_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
-            "min_tokens": _int(self.min_tokens, "min_tokens", 0, "an integer >= 0"),
-            "max_tokens": _int(self.max_tokens, "max_tokens", 1, "an integer >= 1"),
+            "min_tokens": _int(self.min_tokens, "min_tokens", 0, "an integer in [0, 2**63)"),
+            "max_tokens": _int(self.max_tokens, "max_tokens", 1, "an integer in [1, 2**63)"),
             "logprobs": None if self.logprobs is None else _int(self.logprobs, "logprobs", 0,
-                                                                  "None or an integer >= 0"),
+                                                                  f"None or an integer in [0, {MAX_LOGPROBS}]",
+                                                                  MAX_LOGPROBS),
             "ignore_eos": as_bool(self.ignore_eos, "ignore_eos"),
             "include_stop_str_in_output": as_bool(self.include_stop_str_in_output, "include_stop_str_in_output"),
         }
@@ -117,9 +128,9 @@ class SamplingParams:
             out["logit_bias"] = _frozen_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             out["allowed_token_ids"] = token_ids(self.allowed_token_ids, "allowed_token_ids",
-                                                 "a non-empty list of token ids >= 0", non_empty=True)
+                                                 f"a non-empty list of {TOKEN_IDS}", non_empty=True)
         if self.stop_token_ids is not None:
-            out["stop_token_ids"] = token_ids(self.stop_token_ids, "stop_token_ids", "a list of token ids >= 0")
+            out["stop_token_ids"] = token_ids(self.stop_token_ids, "stop_token_ids", f"a list of {TOKEN_IDS}")
         if self.bad_words_token_ids is not None:
             out["bad_words_token_ids"] = _frozen_bad_words(self.bad_words_token_ids)
         if self.stop is not None:
@@ -158,14 +169,14 @@ class SamplingParams:
 
 
 def _frozen_bias(bias) -> FrozenDict:
-    allowed = (f"a dict of at most {MAX_LOGIT_BIAS} entries {{token id >= 0: bias in "
+    allowed = (f"a dict of at most {MAX_LOGIT_BIAS} entries {{token id in [0, 2**31): bias in "
                f"[{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}]}}")
     if not isinstance(bias, Mapping) or len(bias) > MAX_LOGIT_BIAS:
         raise fail("logit_bias", allowed, bias if not isinstance(bias, Mapping) else f"{len(bias)} entries")
     out = {}
     for tok, b in bias.items():
-        tok = as_int(tok, "logit_bias", "keyed by token ids >= 0")
-        check(tok >= 0, "logit_bias", "keyed by token ids >= 0", tok)
+        tok = as_int(tok, "logit_bias", f"keyed by {TOKEN_IDS}")
+        check(0 <= tok <= MAX_TOKEN_ID, "logit_bias", f"keyed by {TOKEN_IDS}", tok)
         out[tok] = _real(b, "logit_bias", -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND,
                          f"{{token id: bias}} with biases in [{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}] "
                          "(the OpenAI API's range)")
@@ -176,7 +187,7 @@ def _frozen_bad_words(words) -> tuple[tuple[int, ...], ...]:
     allowed = f"a list of at most {MAX_BAD_WORDS} sequences"
     if not isinstance(words, (list, tuple)) or len(words) > MAX_BAD_WORDS:
         raise fail("bad_words_token_ids", allowed, len(words) if isinstance(words, (list, tuple)) else words)
-    seq_allowed = f"non-empty sequences of at most {MAX_BAD_WORD_LEN} token ids >= 0"
+    seq_allowed = f"non-empty sequences of at most {MAX_BAD_WORD_LEN} {TOKEN_IDS}"
     out = []
     for w in words:
         check(isinstance(w, (list, tuple)) and 1 <= len(w) <= MAX_BAD_WORD_LEN, "bad_words_token_ids",

@@ -40,6 +40,7 @@ from .state.columns import NUM_LP
 from .state.store import RequestStore, derive_seed
 from .validation import (
     check_bitmask,
+    check_device,
     check_draft_probs,
     check_drafts,
     check_logits,
@@ -76,16 +77,20 @@ class Sampler:
         value costs nothing up front). max_num_logits_per_req: 1 + the most draft tokens a request
         may verify per step. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel".
         group: the TP process group (None: the default group if initialised, else TP=1).
-        device: where per-slot state lives (None: the device of the first logits).
+        device: where per-slot state lives (None: the device of the first logits; else "cpu" or a
+        CUDA device that exists here).
         inplace_logits: let `sample` use fp32 local logits as its working buffer (saves a copy
         of the shard; the tensor then holds processed values). seed: the base of request seeds
-        (drawn and agreed across ranks once, here, when None). timeout_s: per collective.
+        (drawn and agreed across ranks once, here, when None). timeout_s: per collective, > 0.
         profile_memory: measure each step's CUDA peak (synchronises; for profiling, not serving).
         check_plans: at TP > 1, every step first checks that all ranks sample the same plan (one
         8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
         disagree get a clear error instead of a hang or silently different tokens."""
         check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
-                           strategy, STRATEGY_NAMES)
+                           strategy, STRATEGY_NAMES, group=group, timeout_s=timeout_s, seed=seed,
+                           flags={"inplace_logits": inplace_logits, "profile_memory": profile_memory,
+                                  "check_plans": check_plans})
+        device = check_device(device)
         self.vocab_size = vocab_size
         self.max_num_logits_per_req = max_num_logits_per_req
         self.strategy = strategy
@@ -93,7 +98,7 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.inplace_logits = inplace_logits
         self.profile_memory = profile_memory
-        self.device = torch.device(device) if device is not None else None
+        self.device = device
         self.group = TPGroup.resolve(group, timeout_s)
         self.comm = Collectives(self.group)
         self.col_start, self.col_end = vocab_shard(vocab_size, self.group.size, self.group.rank)

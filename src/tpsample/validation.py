@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import numbers
+from typing import Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from .parallel.group import TPGroup
+from .params import MAX_LOGPROBS
 
 MAX_NUM_REQS = 1 << 24          # slot ids travel as int32 in places; 16M concurrent requests
-MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is a full sort
+MAX_TIMEOUT_S = 1e9             # seconds (~31 years): any finite wait a timedelta can hold
 
 
 def is_token(t, vocab_size: int) -> bool:
@@ -27,7 +32,9 @@ def _is_int(x) -> bool:
 
 
 def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
-                       strategy, strategy_names) -> None:
+                       strategy, strategy_names, *, group=None, timeout_s=1.0, seed=None, flags=None) -> None:
+    """The Sampler constructor's arguments (the device is `check_device`'s); ValueError naming the
+    first bad one and its allowed range. flags: {name: value} of the True/False arguments."""
     if not _is_int(vocab_size) or not 1 <= vocab_size < 2**31:
         raise ValueError(f"vocab_size must be an integer in [1, 2**31), got {vocab_size!r}")
     if strategy not in strategy_names:
@@ -40,6 +47,39 @@ def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_log
         raise ValueError(f"max_num_reqs must be an integer in [1, {MAX_NUM_REQS}], got {max_num_reqs!r}")
     if eos_token_id is not None and not is_token(eos_token_id, vocab_size):
         raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {eos_token_id!r}")
+    if seed is not None and not _is_int(seed):
+        raise ValueError(f"seed must be None or an integer (any size), got {seed!r}")
+    if (not isinstance(timeout_s, numbers.Real) or isinstance(timeout_s, (bool, np.bool_))
+            or not (0 < timeout_s <= MAX_TIMEOUT_S)):      # NaN fails the comparison too
+        raise ValueError(f"timeout_s must be a number of seconds in (0, 1e9], got {timeout_s!r}")
+    if group is not None and not isinstance(group, TPGroup) and not (
+            dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise ValueError(f"group must be None, a torch.distributed ProcessGroup or a TPGroup, "
+                         f"got {type(group).__name__}")
+    for name, value in (flags or {}).items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_device(device) -> Optional[torch.device]:
+    """The sampler's device: None, or a CPU or CUDA device that exists here ("cpu", "cuda",
+    "cuda:N" with N < torch.cuda.device_count(), a CUDA index N, or the torch.device of one).
+    Other device types ("meta", "mps", ...) are refused: the sampler's tables and kernels are
+    built and tested for CPU and CUDA only."""
+    if device is None:
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    allowed = (f"None, 'cpu', 'cuda' or 'cuda:N' with N < {count} (the CUDA devices here)" if count
+               else "None or 'cpu' (no CUDA device here)")
+    try:
+        dev = torch.device(device) if isinstance(device, (str, torch.device)) or _is_int(device) else None
+    except (RuntimeError, ValueError, TypeError):
+        dev = None
+    ok = dev is not None and (dev.type == "cpu" or (dev.type == "cuda" and count > 0
+                                                   and (dev.index is None or 0 <= dev.index < count)))
+    if not ok:
+        raise ValueError(f"device must be {allowed}, got {device!r}")
+    return dev
 
 
 def check_prompt(prompt, vocab_size: int) -> list[int]:
