@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .parallel import names
+from .parallel.agreement import disagreement
 from .parallel.collectives import Collectives
 from .parallel.common import StepContext
 from .parallel.group import DEFAULT_TIMEOUT_S, TPGroup
@@ -134,7 +135,8 @@ class Sampler:
         """Register a request and write its sampling state once; returns its slot.
 
         prompt_token_ids: the prompt (positions and the repetition penalty's token set). The
-        params are copied: changing the caller's objects later has no effect."""
+        params are copied: changing the caller's objects later has no effect. A call that raises
+        leaves the sampler as it was (no slot taken, no table row or seed serial used)."""
         if not isinstance(req_id, str):
             raise ValueError(f"req_id must be a string, got {type(req_id).__name__}")
         if not isinstance(params, SamplingParams):
@@ -142,8 +144,9 @@ class Sampler:
         params.validate_for_vocab(self.vocab_size, self.max_logprobs)
         prompt = check_prompt(prompt_token_ids, self.vocab_size)
         seed = params.seed if params.seed is not None else derive_seed(self.base_seed, req_id, self._serial)
-        self._serial += 1
-        return self.store.add(req_id, params, prompt, seed).slot
+        slot = self.store.add(req_id, params, prompt, seed).slot      # a failed add changes nothing
+        self._serial += 1                                             # ... not even the next seed
+        return slot
 
     def remove_request(self, req_id: str) -> None:
         """Free a request's slot (its state is overwritten when the slot is reused)."""
@@ -174,7 +177,7 @@ class Sampler:
         rows_per_req = 1 + (drafts >= 0).sum(axis=1) if drafts.shape[1] else np.ones(len(slots), np.int64)
         chosen = self._choose(strategy or self.strategy, slots, rows_per_req)
         plan = build_plan(chosen, self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
-                          width, bitmask, self.uid, self.vocab_size)
+                          width, bitmask, self.uid, self.vocab_size, param_prints=self.store.slots.prints[slots])
         self._last_plan, self._plan_auto_version = plan, self.auto.version
         return plan
 
@@ -272,14 +275,15 @@ class Sampler:
         return ok
 
     def _agree(self, plan: SamplingPlan) -> None:
-        """Every rank must be sampling the same plan (same requests, order, drafts, strategy);
-        otherwise the collectives that follow would mismatch (a hang) or silently differ. Runs
-        every step (a rank cannot know whether the others changed their plan), on the host."""
+        """Every rank must be sampling the same plan (same requests, order, drafts, strategy, and
+        each request's params and prompt: the fingerprint covers the per-slot prints written at
+        add_request); otherwise the collectives that follow would mismatch (a hang) or silently
+        differ. Runs every step (a rank cannot know whether the others changed their plan), on
+        the host. On a mismatch every rank raises a ValueError (no rank is left waiting), naming
+        the first differing request and its fields when the batches line up (`parallel.agreement`)."""
         prints = self._check.all_gather(torch.tensor([plan.fingerprint()], dtype=torch.int64)).view(-1).tolist()
         if len(set(prints)) != 1:
-            raise ValueError(f"TP ranks disagree on the step: plan fingerprints {prints} differ (every rank "
-                             "must add the same requests with the same params and plan the same req_ids in "
-                             "the same order)")
+            raise ValueError(disagreement(self._check, plan, prints, self.store.slots))
 
     def _start_profile(self, dev):
         if not (self.profile_memory and dev.type == "cuda"):

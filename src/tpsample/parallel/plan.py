@@ -49,6 +49,7 @@ class SamplingPlan:
     grammar_bitmask: Optional[torch.Tensor] = None   # [num_rows, ceil(V/32)] int32, batch order
     sampler_uid: int = 0               # the sampler that built it
     vocab_size: int = 0
+    param_prints: Optional[np.ndarray] = None      # [num_reqs] int64 each slot's print (state.digest)
     _fingerprint: list = field(default_factory=list, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)      # views and device copies, reused
 
@@ -106,12 +107,13 @@ class SamplingPlan:
         return RowsView(self.slots[row_req], offsets, draft_tok, before)
 
     def fingerprint(self) -> int:
-        """A 63-bit hash of what every rank must agree on (cached)."""
+        """A 63-bit hash of what every rank must agree on, the requests' params included (cached)."""
         if not self._fingerprint:
             h = hashlib.blake2b(digest_size=8)
             for part in (self.strategy.encode(), self.slots.tobytes(), self.generations.tobytes(),
                          self.drafts.tobytes(), bytes([self.logprobs_width % 256]),
-                         b"m" if self.grammar_bitmask is not None else b"-"):
+                         b"m" if self.grammar_bitmask is not None else b"-",
+                         b"" if self.param_prints is None else self.param_prints.tobytes()):
                 h.update(part)
             self._fingerprint.append(int.from_bytes(h.digest(), "little") >> 1)
         return self._fingerprint[0]
@@ -119,7 +121,7 @@ class SamplingPlan:
 
 def build_plan(strategy: str, tp_size: int, req_ids, slots: np.ndarray, generations: np.ndarray,
                drafts: np.ndarray, logprobs_width: int, grammar_bitmask: Optional[torch.Tensor] = None,
-               sampler_uid: int = 0, vocab_size: int = 0) -> SamplingPlan:
+               sampler_uid: int = 0, vocab_size: int = 0, param_prints: Optional[np.ndarray] = None) -> SamplingPlan:
     num_reqs = len(slots)
     rows_per_req = 1 + (drafts >= 0).sum(axis=1).astype(np.int64) if drafts.shape[1] else np.ones(num_reqs, np.int64)
     row_start = np.cumsum(rows_per_req) - rows_per_req
@@ -131,7 +133,8 @@ def build_plan(strategy: str, tp_size: int, req_ids, slots: np.ndarray, generati
                      generations=generations, drafts=drafts, rows_per_req=rows_per_req, row_start=row_start,
                      num_rows=num_rows, max_rows=int(rows_per_req.max()) if num_reqs else 1,
                      logprobs_width=logprobs_width, owners=owners, owned_reqs=owned,
-                     grammar_bitmask=grammar_bitmask, sampler_uid=sampler_uid, vocab_size=vocab_size)
+                     grammar_bitmask=grammar_bitmask, sampler_uid=sampler_uid, vocab_size=vocab_size,
+                     param_prints=param_prints)
     if sharded:
         probe = SamplingPlan(logits_order=torch.zeros(0), rows_per_rank=(), gather_index=np.zeros(0), **plan_args)
         order = probe.batch_rows(np.concatenate(owned)) if num_reqs else np.zeros(0, np.int64)

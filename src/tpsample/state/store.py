@@ -4,7 +4,9 @@ Contract:
 - `add(req_id, params, prompt, seed)` (inputs already validated) allocates a slot, writes the
   request's parameters into the dense tables' host mirrors and stages its sparse lists: logit
   bias, the allowed-id bitmask, min_tokens stop ids (+ EOS), bad words, and the prompt's token
-  set for the repetition penalty. Nothing per request happens again until `remove`.
+  set for the repetition penalty. Nothing per request happens again until `remove`. An add that
+  fails leaves the store as it was (no slot taken, no row changed); the slot keeps the request's
+  print (`state.digest`) for the TP agreement check.
 - `sync(device, need)`: once per step, before rows are built: one copy per table that changed.
 - `row_batch(rows, device)`: the `RowBatch` of the given rows, by tensor ops over slot indices.
 - `append(slots, tokens, num_sampled)`: the emitted tokens into the device history.
@@ -18,8 +20,10 @@ Never imports sampling math, parallel strategies or kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from typing import Optional
+from collections.abc import Iterator
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -27,11 +31,21 @@ import torch
 from ..noise import seed_to_int64
 from ..params import SamplingParams
 from .columns import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FREQ, MIN_P, PRES, REP, TOP_P, T  # noqa: F401
+from .digest import request_digests, request_print
 from .history import History
 from .rowbatch import RowBatch
 from .rows import build_row_batch
 from .slots import RequestInfo, SlotTable
-from .tables import DenseTable, PaddedTable
+from .tables import DenseTable, PaddedTable, _np_dtype
+
+
+class _Row(NamedTuple):
+    """A request's rows, converted to the tables' dtypes before it takes a slot."""
+    f32: np.ndarray                 # [6] dense float parameters
+    i64: np.ndarray                 # [7] dense integer parameters (seed, top_k, ..., flags)
+    stage: dict                     # padded table name -> its row
+    longest: int                    # the longest bad word
+    digests: np.ndarray             # per DIGEST_FIELDS entry (state.digest)
 
 
 class RequestStore:
@@ -55,27 +69,64 @@ class RequestStore:
 
     # -- requests -----------------------------------------------------------------------------
     def add(self, req_id: str, params: SamplingParams, prompt: list[int], seed: int) -> RequestInfo:
+        """Take a slot for the request and write its state (inputs validated); its record.
+
+        Transactional: every value is converted to its table's dtype before a slot is taken, so
+        a value that does not fit raises with nothing changed; a failure while writing puts the
+        slot's rows back and frees the slot (`SlotTable.reserving`): the store is as before."""
+        row = self._prepare(req_id, params, prompt, seed)
+        with self.slots.reserving(req_id) as slot, self._restored_on_failure(slot):
+            self._write(slot, row)
+            info = RequestInfo(req_id, slot, params, seed, list(prompt), lambda: self.history.read(slot),
+                               row.digests)
+            self.slots.register(info, request_print(row.digests))
+            self.history.reset(slot)            # last: it changes nothing unless it completes
         self._synced = None
-        slot = self.slots.allocate(req_id)
-        rows = self.slots.high_water
-        self.f32.ensure_rows(rows)
-        self.i64.ensure_rows(rows)
-        if slot >= len(self.bad_longest):
-            self.bad_longest = np.resize(self.bad_longest, max(2 * len(self.bad_longest), slot + 1))
-        p, greedy = params, params.temperature == 0
-        top_k = 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k
-        self.f32.write_column(slot, [p.temperature, 1.0 if greedy else p.top_p, 0.0 if greedy else p.min_p,
-                                     p.repetition_penalty, p.frequency_penalty, p.presence_penalty])
-        flags = self._stage_lists(slot, p, prompt)
-        self.i64.write_column(slot, [seed_to_int64(seed), top_k, len(prompt),
-                                     -1 if p.logprobs is None else p.logprobs,
-                                     int(p.logprobs_mode == "processed"), p.min_tokens, flags])
-        self.history.reset(slot)
-        info = RequestInfo(req_id, slot, params, seed, list(prompt), lambda: self.history.read(slot))
-        self.slots.register(info)
         return info
 
-    def _stage_lists(self, slot: int, p: SamplingParams, prompt: list[int]) -> int:
+    def _prepare(self, req_id: str, p: SamplingParams, prompt: list[int], seed: int) -> _Row:
+        """The request's table rows, in the tables' dtypes (pure: raises before any state changes)."""
+        greedy = p.temperature == 0
+        top_k = 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k
+        f32 = np.array([p.temperature, 1.0 if greedy else p.top_p, 0.0 if greedy else p.min_p,
+                        p.repetition_penalty, p.frequency_penalty, p.presence_penalty], dtype=np.float32)
+        stage, flags, longest = self._lists(p, prompt)
+        i64 = np.array([seed_to_int64(seed), top_k, len(prompt), -1 if p.logprobs is None else p.logprobs,
+                        int(p.logprobs_mode == "processed"), p.min_tokens, flags], dtype=np.int64)
+        stage = {name: np.asarray(v, dtype=_np_dtype(self.padded[name].dtype)) for name, v in stage.items()}
+        return _Row(f32, i64, stage, longest, request_digests(req_id, p, seed, prompt, self.vocab_size))
+
+    @contextlib.contextmanager
+    def _restored_on_failure(self, slot: int) -> Iterator[None]:
+        """If the body raises, `slot`'s rows (dense columns, staged lists, print) are put back."""
+        self.f32.ensure_rows(self.slots.high_water)     # growth adds fill-valued columns only
+        self.i64.ensure_rows(self.slots.high_water)
+        if slot >= len(self.bad_longest):
+            self.bad_longest = np.resize(self.bad_longest, max(2 * len(self.bad_longest), slot + 1))
+        saved = (self.f32.host[:, slot].copy(), self.i64.host[:, slot].copy(), int(self.bad_longest[slot]),
+                 [table.row_state(slot) for table in self.padded.values()], int(self.slots.prints[slot]))
+        try:
+            yield
+        except BaseException:
+            f32, i64, longest, states, print_value = saved
+            self.f32.write_column(slot, f32)
+            self.i64.write_column(slot, i64)
+            self.bad_longest[slot] = longest
+            for table, state in zip(self.padded.values(), states):
+                table.restore_row(state)
+            self.slots.prints[slot] = print_value
+            raise
+
+    def _write(self, slot: int, row: _Row) -> None:
+        """Prepared rows into `slot` (its tables already hold the slot: `_restored_on_failure`)."""
+        for name, values in row.stage.items():
+            self.padded[name].stage(slot, values)
+        self.bad_longest[slot] = row.longest
+        self.f32.write_column(slot, row.f32)
+        self.i64.write_column(slot, row.i64)
+
+    def _lists(self, p: SamplingParams, prompt: list[int]) -> tuple[dict, int, int]:
+        """(the padded tables' rows {name: values}, the feature flags, the longest bad word); pure."""
         stage = {name: () for name in self.padded}
         flags = 0
         if p.logit_bias:
@@ -100,15 +151,12 @@ class RequestStore:
             stage["bad_starts"] = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
             stage["bad_lens"] = lens
             flags |= F_BAD
-        self.bad_longest[slot] = max((len(w) for w in words), default=0)
         if p.repetition_penalty != 1.0:
             stage["prompt_set"] = np.unique(np.asarray(prompt, dtype=np.int64))
             flags |= F_REP
         if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
             flags |= F_FREQ
-        for name, values in stage.items():
-            self.padded[name].stage(slot, values)
-        return flags
+        return stage, flags, max((len(w) for w in words), default=0)
 
     def remove(self, req_id: str) -> None:
         self.slots.remove(req_id)

@@ -9,7 +9,8 @@
 - `PaddedTable`: [slots, capacity] rows of variable length (token lists, bitmask words), padded
   with a fill value, on the device. A row is staged on the host at add time and written by the
   next `sync` in one copy per table. The capacity grows (doubling) to the longest row seen, so
-  memory follows use: a table no request uses is never allocated.
+  memory follows use: a table no request uses is never allocated. `row_state` / `restore_row`
+  undo a slot's stages (the store's rollback of an add that failed).
 
 Rows are indexed by slot; the number of rows grows with the highest slot in use (doubling).
 """
@@ -98,6 +99,20 @@ class PaddedTable:
         self.lengths[slot] = len(values)
         if len(values) or prev:          # an empty row over an empty row needs no write
             self._staged[slot] = values
+
+    def row_state(self, slot: int) -> tuple:
+        """What `stage(slot, ...)` changes, for `restore_row` (an add that fails puts it back)."""
+        length = int(self.lengths[slot]) if slot < len(self.lengths) else 0
+        return slot, length, self._staged.get(slot)
+
+    def restore_row(self, state: tuple) -> None:
+        """Undo the stages of a slot since `row_state` returned `state`."""
+        slot, length, staged = state
+        if slot < len(self.lengths):
+            self.lengths[slot] = length
+        self._staged.pop(slot, None)
+        if staged is not None:
+            self._staged[slot] = staged
 
     def max_length(self, slots: np.ndarray) -> int:
         return int(self.lengths[slots].max()) if len(slots) else 0
