@@ -13,6 +13,8 @@ front end (`engine.frontend`); the engine sees token ids only.
 Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
 Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
+`max_model_len` may not exceed the checkpoint's context (config.json `max_position_embeddings`,
+stretched by linear / dynamic rope scaling) unless TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 
 import tpsample
 from tpsample.engine.backends import InProcessBackend, SpmdBackend, under_torchrun
-from tpsample.engine.config import EngineConfig, NgramConfig
+from tpsample.engine.config import EngineConfig, NgramConfig, check_max_model_len
 from tpsample.engine.core import NewRequest
 from tpsample.engine.frontend import TrackedRequest, run_to_completion
 from tpsample.engine.multiproc import MultiprocBackend
@@ -81,7 +83,9 @@ class LLM:
             max_model_len=max_model_len, speculative_ngram=_ngram(speculative_ngram),
             kv_cache_tokens=kv_cache_tokens, **engine_options)
         # fail here, before any worker starts
-        ModelConfig.from_folder(model).check_tensor_parallel(tensor_parallel_size)
+        model_config = ModelConfig.from_folder(model)
+        model_config.check_tensor_parallel(tensor_parallel_size)
+        check_max_model_len(self.config.max_model_len, model_config)
         self.tokenizer = load_tokenizer(model)
         if under_torchrun():
             self._backend = SpmdBackend(self.config)

@@ -1,6 +1,13 @@
-"""EngineConfig: every knob of the engine, frozen and validated at construction."""
+"""EngineConfig: every knob of the engine, frozen and validated at construction.
+
+`check_max_model_len` holds `max_model_len` to the checkpoint's context (`model_len_limit`);
+setting TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 allows a longer one with a warning (as vLLM's
+VLLM_ALLOW_LONG_MAX_MODEL_LEN): positions past the trained range give unreliable outputs.
+"""
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 from tpsample.parallel import names
@@ -8,6 +15,8 @@ from tpsample.parallel import names
 STRATEGIES = names.ALL
 DEVICES = ("cpu", "cuda")
 LOAD_FORMATS = ("safetensors", "dummy")
+ALLOW_LONG_MAX_MODEL_LEN = "TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN"
+SCALED_ROPE_TYPES = ("linear", "dynamic")     # rope types whose factor stretches the context
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,3 +89,32 @@ class EngineConfig:
 def _positive_int(value, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def model_len_limit(model_config) -> int:
+    """The checkpoint's context: `max_position_embeddings`, times the rope factor for linear and
+    dynamic scaling (as vLLM derives it; llama3 scaling states the extended length itself)."""
+    limit = model_config.max_position_embeddings
+    rope = model_config.rope
+    if rope.rope_type in SCALED_ROPE_TYPES:
+        limit = int(limit * rope.factor)
+    return limit
+
+
+def check_max_model_len(max_model_len: int | None, model_config) -> None:
+    """ValueError if `max_model_len` exceeds the checkpoint's context (`model_len_limit`), unless
+    the environment sets TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 (or true): then a warning."""
+    limit = model_len_limit(model_config)
+    if max_model_len is None or max_model_len <= limit:
+        return
+    allowed = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN, "0").strip().lower() in ("1", "true")
+    rope, mpe = model_config.rope, model_config.max_position_embeddings
+    source = f"config.json max_position_embeddings={mpe}"
+    if limit != mpe:
+        source += f" x rope {rope.rope_type} factor {rope.factor:g}"
+    what = f"max_model_len={max_model_len} exceeds the checkpoint's context of {limit} tokens ({source})"
+    if not allowed:
+        raise ValueError(f"{what}; use max_model_len <= {limit}, or set {ALLOW_LONG_MAX_MODEL_LEN}=1 to "
+                         "allow it (positions past the trained range may give wrong outputs)")
+    warnings.warn(f"{what}; allowed by {ALLOW_LONG_MAX_MODEL_LEN}=1: positions past the trained range may give "
+                  "wrong outputs", UserWarning, stacklevel=3)
