@@ -24,7 +24,10 @@ GREEDY = (0.0, 0, 1.0, 0.0)
 TEMPERATURE = (0.8, 0, 1.0, 0.0)
 CONFIGS = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (0.8, 5, 1.0, 0.0), (0.8, 50, 0.9, 0.0), (0.8, 0, 0.9, 0.0),
            (0.8, 0, 1.0, 0.05), (1.3, 0, 0.3, 0.0), (0.7, 150, 1.0, 0.0), (1.0, 3, 0.5, 0.2), (2.0, 0, 0.99, 0.0),
-           (0.5, 1, 1.0, 0.0), (1.0, 299, 1.0, 0.0), (1.0, 400, 0.95, 0.0), (0.9, 200, 0.9, 0.01), (1.0, 0, 0.0001, 0.0)]
+           (0.5, 1, 1.0, 0.0), (1.0, 299, 1.0, 0.0), (1.0, 400, 0.95, 0.0), (0.9, 200, 0.9, 0.01), (1.0, 0, 0.0001, 0.0),
+           (0.9, 0, 0.9, 0.02)]
+TOP_P_ALONE = [(0.8, 0, 0.9, 0.0), (1.3, 0, 0.3, 0.0), (2.0, 0, 0.99, 0.0), (1.0, 0, 0.0001, 0.0), (0.9, 0, 0.9, 0.02),
+               (1.0, 0, 0.999, 0.0)]
 DEFAULT = KernelConfig()
 SEARCH = KernelConfig(cap=8, small=4, splits=2, block=64, scan_cols=64)          # exact search path
 SPLIT = KernelConfig(cap=16, small=8, splits=4, block=32, scan_cols=32, pivots=4, bins=16)
@@ -125,6 +128,32 @@ def test_single_row_with_many_programs():
     x = logits("zipf", 1, 1000, gen)
     for config in [TEMPERATURE, (0.8, 50, 0.9, 0.0), (0.8, 0, 0.95, 0.0)]:
         check(x, [config], KernelConfig(splits=8, block=32, scan_cols=32, cap=16, small=8))
+
+
+def _fallbacks_of(x, rows, cfg):
+    from tpsample.kernels.sample_launch import fallback_counter    # kernels build under the fixture
+    counter = fallback_counter(torch.device(DEV))
+    before = int(counter.item())
+    check(x, rows, cfg)
+    return int(counter.item()) - before
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+def test_top_p_without_top_k_is_settled_by_the_bracket_pass(kind):
+    """Top-p rows without top-k (min-p allowed) take the three-pass bracket method: exact tokens,
+    and on ordinary rows no row falls back to the one-program-per-row search."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    assert _fallbacks_of(x, TOP_P_ALONE, DEFAULT) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(splits=4, block=64, scan_cols=64)) == 0
+
+
+def test_a_bracket_too_wide_for_the_candidates_falls_back_exactly():
+    """A bracket holding more than CAP entries takes the exact search: counted, same tokens."""
+    gen = torch.Generator().manual_seed(8)
+    x = logits("randn", len(TOP_P_ALONE), 1000, gen)
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(hist_bins=16, cap=8, small=4, splits=2, block=64,
+                                                      scan_cols=64)) > 0
 
 
 @pytest.mark.gpu

@@ -5,9 +5,11 @@ On the same logits in one process: tpsample's `plan` + `sample` + reading the to
 times), the host share (time until `sample` returns, which launches work without waiting), and
 the extra memory above the inputs; next to FlashInfer's `top_k_top_p_sampling_from_logits`
 (when it imports), a torch sort-based top-k/top-p sampler, and `argmax().tolist()`.
-Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), the same with logprobs=5, and
-the same with repetition 1.1 / frequency 0.2 penalties over 2,000-token prompts and growing
-outputs. Every case is timed twice: eager (`tpsample eager`: plan + sample per call) and as the
+Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), top-p 0.9 alone, top-k 50 alone,
+min-p 0.05 alone, top-k 50 + top-p 0.9 with logprobs=5, and the same with repetition 1.1 /
+frequency 0.2 penalties over 2,000-token prompts and growing outputs (at the first row count
+only). FlashInfer's anchors take per-row tensor parameters, as vLLM and SGLang pass them: for
+top-p, min-p and top-k alone vLLM's own calls (softmax, then the `*_from_probs` op). Every case is timed twice: eager (`tpsample eager`: plan + sample per call) and as the
 same step captured once in a CUDA graph and replayed (`tpsample graph`: `Sampler.capture`,
 what an engine that graphs its decode step pays). Prints a table and ends with one JSON line.
 """
@@ -33,8 +35,11 @@ class Case:
 
 CASES = (
     Case("greedy", {"temperature": 0.0}, anchors=("argmax",)),
-    Case("temperature", {"temperature": 0.8}, anchors=("torch_multinomial",)),
+    Case("temperature", {"temperature": 0.8}, anchors=("flashinfer", "torch_multinomial")),
     Case("topk_topp", {"temperature": 0.8, "top_k": 50, "top_p": 0.9}, anchors=("flashinfer", "torch_sort")),
+    Case("topp", {"temperature": 0.8, "top_p": 0.9}, anchors=("flashinfer", "torch_sort")),
+    Case("topk", {"temperature": 0.8, "top_k": 50}, anchors=("flashinfer",)),
+    Case("minp", {"temperature": 0.8, "min_p": 0.05}, anchors=("flashinfer",)),
     Case("topk_topp_lp5", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5}),
     Case("topk_topp_pen", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1,
                                  "frequency_penalty": 0.2}, prompt_len=PROMPT_LEN),
@@ -156,20 +161,12 @@ def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
             return lambda: t.tolist()
     elif name == "torch_sort":
         def call():
-            t = _torch_sort_sample(x, p["temperature"], p["top_k"], p["top_p"])
+            t = _torch_sort_sample(x, p["temperature"], p.get("top_k", x.shape[1]), p.get("top_p", 1.0))
             return lambda: t.tolist()
     elif name == "flashinfer":
-        try:
-            import flashinfer.sampling as fs
-        except Exception as e:  # noqa: BLE001 - absent or incompatible: say so and skip it
-            print(f"flashinfer anchor skipped: {e!r}"[:160])
+        call = _flashinfer_call(p, x)
+        if call is None:
             return None
-        k = torch.full((rows,), p["top_k"], dtype=torch.int32, device=x.device)
-        tp = torch.full((rows,), p["top_p"], dtype=torch.float32, device=x.device)
-
-        def call():
-            t = fs.top_k_top_p_sampling_from_logits(x / p["temperature"], k, tp)
-            return lambda: t.tolist()
     else:
         raise ValueError(name)
     for _ in range(3):
@@ -177,6 +174,40 @@ def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
     wall, host = _wall_us(call, iters)
     return {"impl": name, "wall_us": wall, "host_us": host, "device_us": _device_us(lambda: call()(), 3),
             "extra_mib": _peak_extra(lambda: call()(), x.device)}
+
+
+def _flashinfer_call(p: dict, x: torch.Tensor):
+    """FlashInfer's call for the case's parameters (per-row tensors), or None when it does not
+    import or lacks the op."""
+    try:
+        import flashinfer.sampling as fs
+    except Exception as e:  # noqa: BLE001 - absent or incompatible: say so and skip it
+        print(f"flashinfer anchor skipped: {e!r}"[:160])
+        return None
+    rows, dev, temp = x.shape[0], x.device, p["temperature"]
+
+    def full(v, dtype):
+        return torch.full((rows,), v, dtype=dtype, device=dev)
+
+    if "top_k" in p and "top_p" in p:
+        k, tp = full(p["top_k"], torch.int32), full(p["top_p"], torch.float32)
+        op = lambda: fs.top_k_top_p_sampling_from_logits(x / temp, k, tp)       # noqa: E731
+    elif "top_p" in p:
+        tp = full(p["top_p"], torch.float32)
+        op = lambda: fs.top_p_sampling_from_probs(torch.softmax(x / temp, dim=1), tp)      # noqa: E731
+    elif "top_k" in p:
+        k = full(p["top_k"], torch.int32)
+        op = lambda: fs.top_k_sampling_from_probs(torch.softmax(x / temp, dim=1), k)       # noqa: E731
+    elif "min_p" in p:
+        mp = full(p["min_p"], torch.float32)
+        op = lambda: fs.min_p_sampling_from_probs(torch.softmax(x / temp, dim=1), mp)      # noqa: E731
+    else:
+        op = lambda: fs.sampling_from_logits(x / temp)                                   # noqa: E731
+
+    def call():
+        t = op()
+        return lambda: t.tolist()
+    return call
 
 
 def _torch_sort_sample(x, temperature, top_k, top_p):
@@ -191,9 +222,15 @@ def _torch_sort_sample(x, temperature, top_k, top_p):
     return idx.gather(1, choice)
 
 
-def run(rows_list=(256, 1024), vocab: int = 151936, iters: int = 20, progress=None) -> list[dict]:
+FIRST_SIZE_ONLY = ("topk_topp_pen",)
+
+
+def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 20, progress=None, cases=None) -> list[dict]:
+    """cases: the names to run (all when None)."""
     results = []
-    plan = [(case, rows) for rows in rows_list for case in CASES if rows == rows_list[0] or case.name == "topk_topp"]
+    chosen = [c for c in CASES if cases is None or c.name in cases]
+    plan = [(case, rows) for rows in rows_list for case in chosen
+            if rows == rows_list[0] or case.name not in FIRST_SIZE_ONLY]
     for i, (case, rows) in enumerate(plan):
         if progress is not None:
             progress(i, len(plan), f"{case.name} x {rows}")
@@ -217,8 +254,8 @@ def main(args) -> None:
         raise ValueError("bench sampler --compare needs a CUDA device")
     with Progress(transient=True) as bar:
         task = bar.add_task("compare", total=None)
-        results = run(tuple(args.rows) if args.rows else (256, 1024), args.vocab[0] if args.vocab else 151936,
-                      iters=max(5, args.steps),
+        results = run(tuple(args.rows) if args.rows else (32, 256, 1024), args.vocab[0] if args.vocab else 151936,
+                      iters=max(5, args.steps), cases=getattr(args, "cases", None),
                       progress=lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
     table = Table(title="one sampling call as an engine sees it (H2D + kernels + tokens on host)")
     for col in ("case", "rows", "impl", "wall us", "device us", "host us", "extra MiB"):

@@ -40,6 +40,9 @@ def register(sub) -> None:
     _serve_parser(what)
 
 
+COMPARE_CASES = ("greedy", "temperature", "topk_topp", "topp", "topk", "minp", "topk_topp_lp5", "topk_topp_pen")
+
+
 def _sampler_parser(what) -> None:
     p = what.add_parser("sampler", help="strategies x TP x rows x vocab: latency, memory, bytes moved")
     p.add_argument("--tp", metavar="N", type=int_at_least(1), nargs="+", default=[1, 2, 4],
@@ -62,6 +65,8 @@ def _sampler_parser(what) -> None:
     p.add_argument("--compare", action="store_true",
                    help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
                         "call as an engine sees it (uses --rows, the first --vocab, --steps as iterations)")
+    p.add_argument("--cases", metavar="NAME", nargs="+", choices=COMPARE_CASES, default=None,
+                   help=f"--compare: the cases to run, from {', '.join(COMPARE_CASES)} (default: all)")
     p.set_defaults(check=_check_sampler, run=_run_sampler)
 
 

@@ -26,6 +26,7 @@ class KernelConfig:
     small: int = 256
     pivots: int = 8
     bins: int = 256
+    hist_bins: int = 1024      # the bracket histogram of top-p rows without top-k (a power of two)
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
@@ -87,12 +88,14 @@ def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
 class RowHints:
     """What the batch holds, known on the host (so the call needs no device sync and compiles
     only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
-    top-p (which may need several rounds), greedy rows, plain rows (temperature only).
+    top-p (which may need several rounds), greedy rows, plain rows (temperature only), rows with
+    top-p and no top-k (the bracket pass).
     A hint may be True when no such row exists (slower), never False when one does."""
     any_filter: bool = True
     any_top_k_or_p: bool = True
     any_greedy: bool = True
     any_plain: bool = True
+    any_top_p_alone: bool = True
 
     @property
     def modes(self) -> int:

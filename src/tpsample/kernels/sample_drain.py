@@ -5,8 +5,8 @@ One program per row runs the row's remaining rounds back to back (each split's p
 host whether another round is needed: no device-to-host read, no synchronisation, and the launch
 sequence is fixed (CUDA-graph capturable). Rows already DONE return at once. A row's later rounds
 read the row once per pass from one program, which is slower than the multi-program rounds for a
-single row but needs no host round trip; only rows whose candidates overflowed (top-p alone on
-flat rows, large top-k, pathological ties) get here.
+single row but needs no host round trip; only rows whose candidates overflowed or whose top-p
+bracket did not certify (large top-k, pathological ties) get here.
 """
 import triton
 import triton.language as tl
@@ -20,10 +20,10 @@ from .sample_state import DONE
 def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                  st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                  st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr, fallbacks,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr,
-                 MAX_ROUNDS: tl.constexpr):
+                 MAX_ROUNDS: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
     stage = tl.load(st_stage + row)
     it = 0
@@ -32,13 +32,13 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
             round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                        st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                        cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-                       NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, 7)
+                       p_ptr, st_hlo, st_hinv, hist_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, 7, NBH)
         tl.debug_barrier()
         stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                             st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                             st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                            p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7)
+                            p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr,
+                            fallbacks, NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, NBH)
         tl.debug_barrier()
         it += 1
     if stage != DONE:        # cannot happen (the search narrows every round); flag, never hang

@@ -7,13 +7,18 @@
   search was after, carrying on to the next search or to DRAW.
 - after HIST: move the window between the pivots that bracket the target (exact counts and
   masses), then collect it if it is small, else place the next pivots.
+- after BRACKET: resolve v* from the bracket's candidates and draw (sample_bracket.py); a
+  bracket over CAP entries or one that does not certify starts the exact search (HIST).
+Every row that starts the exact search from COLLECT or BRACKET is counted in `fallbacks`.
 Rows still not DONE bump `pending`, which tells the host whether to run another round.
 """
 import triton
 import triton.language as tl
 
 from .rng_triton import gumbel
+from .sample_bracket import _target, bracket, resolve_bracket
 from .sample_state import (
+    BRACKET,
     COLLECT,
     DONE,
     DRAW,
@@ -171,12 +176,42 @@ def _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv,
 
 
 @triton.jit
+def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags, st_token, st_valid,
+                   st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, p_cnt,
+                   p_best_v, p_best_i, st_hlo, st_hinv, hist_ptr, fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr,
+                   SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr,
+                   EXACT_EXP: tl.constexpr):
+    _, _, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), m,
+                          _target(p, p_mass, row, NSPLIT), scale, NBH)
+    ok = count <= CAP
+    v = tl.full((), NEG_INF, tl.float32)
+    i = tl.full((), BIG_ID32, tl.int32)
+    if ok:
+        if count <= SMALL:
+            ok, v, i = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
+                                       p_mass, p_cnt, p_best_v, p_best_i, NSPLIT, CAP, SMALL, EXACT_EXP)
+        else:
+            ok, v, i = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
+                                       p_mass, p_cnt, p_best_v, p_best_i, NSPLIT, CAP, CAP, EXACT_EXP)
+    stage = tl.full((), DONE, tl.int32)
+    if ok:
+        found = v > NEG_INF
+        tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, found)
+    else:
+        tl.atomic_add(fallbacks, 1)
+        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                             st_mabove, st_piv, P, NB)
+    return stage
+
+
+@triton.jit
 def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                 st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                 st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr, fallbacks,
                 NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, NBH: tl.constexpr):
     """The row's step after a round; returns its new stage (DONE when its token is written)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
@@ -194,6 +229,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
     mabove = tl.load(st_mabove + row)
     S = tl.load(st_S + row)
     n = tl.load(cand_n + row)
+    tkey = tl.load(st_tkey + row)
     piv = tl.load(st_piv + row * P + tl.arange(0, P))
     tl.debug_barrier()
     if stage == DRAW:
@@ -206,6 +242,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
     elif stage == COLLECT:
         tl.store(cand_n + row, 0)
         if n > CAP:
+            tl.atomic_add(fallbacks, 1)
             topk_on = (k > 0) & (k < ncols)
             tkey = tl.where(topk_on, eligible_key(NEG_INF), eligible_key(t1))
             stage = start_search(row, ~topk_on, tkey, m, st_flags, st_tkey, st_klo, st_khi,
@@ -224,6 +261,12 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
         stage = _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv, st_flags, st_tkey,
                            st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
                            p_mgt, p_hist, NSPLIT, CAP, P, NB)
+    elif ((STAGES & 8) != 0) & (stage == BRACKET):
+        tl.store(cand_n + row, 0)
+        stage = _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags,
+                               st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
+                               cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_hlo, st_hinv, hist_ptr,
+                               fallbacks, NSPLIT, CAP, SMALL, P, NB, NBH, EXACT_EXP)
     tl.store(st_stage + row, stage)
     return stage
 
@@ -232,14 +275,14 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
 def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                   st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                   st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
-                  NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_hlo, st_hinv, hist_ptr,
+                  fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
     stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                         st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                         st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                        p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES)
+                        p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr, fallbacks,
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, NBH)
     if stage != DONE:
         tl.atomic_add(pending, 1)

@@ -1,8 +1,9 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
-Launches: scan (rows x splits), select (rows); then, only if some row filters, one round
-[round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
-drain_kernel (rows), which finishes the rows the round left searching (one program per row).
+Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
+(rows x splits), only when some row has top-p without top-k], one round [round_kernel
+(rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p, drain_kernel
+(rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
 The workspace is O(rows x (V / BB + CAP)) bytes, one allocation per call (the caching
 allocator reuses it).
@@ -16,14 +17,26 @@ import torch
 
 from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
 from .launcher import Launcher, stream_scratch
+from .sample_bracket import hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
 
-SCAN, SELECT, ROUND, FINISH, DRAIN = (Launcher(k) for k in (scan_kernel, select_kernel, round_kernel, finish_kernel,
-                                                           drain_kernel))
+SCAN, SELECT, HIST, ROUND, FINISH, DRAIN = (Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, round_kernel,
+                                                                 finish_kernel, drain_kernel))
+_FALLBACKS: dict = {}
+
+
+def fallback_counter(dev: torch.device) -> torch.Tensor:
+    """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far whose
+    candidates overflowed or whose top-p bracket did not certify, so that they took the exact
+    search (the drain kernel). Read it off the hot path (it is a device tensor)."""
+    got = _FALLBACKS.get(str(dev))
+    if got is None:
+        got = _FALLBACKS[str(dev)] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return got
 
 
 class Workspace:
@@ -41,7 +54,7 @@ class Workspace:
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
                   ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
-                  ("pending", 1, i32)]
+                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -108,31 +121,38 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
          num_warps=cfg.scan_warps)
     SELECT((rows,), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m,
            ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
-           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n,
+           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
-           EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
+           EXACT_EXP=exact_exp, NBH=cfg.hist_bins, BRACKETS=hints.any_top_p_alone, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
-        # overflow); the drain kernel finishes the others on the device, so the host never waits
+        # overflow or the bracket fails); the drain kernel finishes the others on the device, so
+        # the host never waits
         scale = float(2.0 ** shift)
-        stages = 3 if hints.any_top_k_or_p else 2
+        stages = (3 if hints.any_top_k_or_p else 2) | (8 if hints.any_top_p_alone else 0)
+        fallbacks = fallback_counter(dev)
+        if hints.any_top_p_alone:
+            HIST((rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv,
+                 ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, NBH=cfg.hist_bins,
+                 EXACT_EXP=exact_exp, num_warps=nw)
         ROUND((rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-              ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
+              ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, p, ws.hlo, ws.hinv, ws.hist,
               NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
-              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, num_warps=nw)
+              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=nw)
         FINISH((rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
-               ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending,
+               ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.hist, fallbacks,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-               EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
+               EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN((rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-                  ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist,
+                  ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.hist, fallbacks,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
-                  NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, num_warps=cfg.row_warps)
+                  NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, NBH=cfg.hist_bins,
+                  num_warps=cfg.row_warps)
     if isinstance(nans_out, str) and nans_out == "partials":
         return token, valid, ws.nans.view(rows, splits)
     if nans_out is not None:

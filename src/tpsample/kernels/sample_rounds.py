@@ -9,6 +9,8 @@ round_kernel, grid (rows, splits), one read of the row split, by stage:
   of (key - klo) >> shift, which places the next pivots.
 - DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column; the noise is
   computed only in blocks where an entry's bound (see scan's noise_bound) reaches the best so far.
+- BRACKET: the bracket's candidates, and the mass and winner of the entries above it
+  (sample_bracket.py); nothing when the bracket holds more than CAP entries.
 Loads run one block ahead (software prefetch).
 Eligible means l > -inf and key >= tkey. Keys are `order_key(l)`, so key order is value order.
 """
@@ -16,8 +18,9 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
+from .sample_bracket import _target, bracket, collect_bracket
 from .sample_scan import fp32_nonan, noise_bound
-from .sample_state import COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
+from .sample_state import BRACKET, COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
 from .tlutil import (
     BIG_ID32,
     KEY_POS_INF,
@@ -117,11 +120,32 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
 
 
 @triton.jit
+def _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, m,
+                  st_hlo, st_hinv, hist_ptr, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass,
+                  NSPLIT: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr,
+                  EXACT_EXP: tl.constexpr):
+    lo = tl.load(st_hlo + row)
+    inv = tl.load(st_hinv + row)
+    first, last, count = bracket(hist_ptr, row, lo, inv, m, _target(tl.load(p_ptr + row), p_mass, row, NSPLIT),
+                                 scale, NBH)
+    if count <= CAP:
+        k0 = tl.load(key0_ptr + row).to(tl.uint32)
+        k1 = tl.load(key1_ptr + row).to(tl.uint32)
+        m_above, v, i = collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m, scale, one,
+                                        k0, k1, col_offset, cand_key, cand_id, cand_n, CAP, BLOCK, NBH, EXACT_EXP)
+        tl.store(p_cnt + part, m_above)
+        tl.store(p_best_v + part, v)
+        tl.store(p_best_i + part, i)
+
+
+@triton.jit
 def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+               p_ptr, st_hlo, st_hinv, hist_ptr,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-               P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+               P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
+               NBH: tl.constexpr):
     """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
@@ -154,21 +178,27 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
             tl.store(p_cgt + part * P + tl.arange(0, P), cgt)
             tl.store(p_mgt + part * P + tl.arange(0, P), mgt)
             tl.store(p_hist + part * NB + tl.arange(0, NB), hist)
+        if ((STAGES & 8) != 0) & (stage == BRACKET):
+            _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
+                          one, m, st_hlo, st_hinv, hist_ptr, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt,
+                          p_mass, NSPLIT, BLOCK, CAP, NBH, EXACT_EXP)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                  st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                  cand_key, cand_id, cand_n,
-                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, p_ptr, st_hlo, st_hinv, hist_ptr,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
-    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST); the first round
-    leaves HIST out (rows there wait a round), which keeps that variant's registers low."""
+                 P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
+                 NBH: tl.constexpr):
+    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET); the
+    first round leaves HIST out (rows there wait a round), which keeps that variant's registers
+    low."""
     row = tl.program_id(0)
     if (row == 0) & (tl.program_id(1) == 0):
         tl.store(pending, 0)             # finish_kernel counts the rows still searching
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES)
+               p_ptr, st_hlo, st_hinv, hist_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)

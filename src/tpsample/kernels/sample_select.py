@@ -6,13 +6,16 @@ a value >= it), min-p's t1, and for top-p alone the largest block maximum b whos
 mass above b already reaches p * (an upper bound of S). Every kept token has l >= tau, so the
 next pass collects {l >= tau} as candidates (stage COLLECT); if the block maxima show that more
 than CAP tokens pass tau, the row takes the exact search instead (stage HIST). Rows with min-p
-alone go straight to the masked draw (DRAW).
+alone go straight to the masked draw (DRAW). Rows with top-p and no top-k take the bracket
+method instead (stage BRACKET, sample_bracket.py): their value range, and a zeroed histogram.
 """
 import triton
 import triton.language as tl
 
+from .sample_bracket import range_for_top_p
 from .sample_scan import row_flags
 from .sample_state import (
+    BRACKET,
     COLLECT,
     DONE,
     DRAW,
@@ -69,6 +72,13 @@ def top_p_block_bound(bmax_ptr, row, nblk, m, p, s_up, EXACT_EXP: tl.constexpr, 
 
 
 @triton.jit
+def sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP: tl.constexpr):
+    """The scan's fp32 sum of exp(l - m) over the row, from its per-split (max, sum) pairs."""
+    se_m = tl.load(se_m_ptr + parts)
+    return tl.sum(tl.where(se_m > NEG_INF, tl.load(se_s_ptr + parts) * fexp(se_m - m, EXACT_EXP), 0.0), axis=0)
+
+
+@triton.jit
 def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
                     NBP: tl.constexpr, EXACT_EXP: tl.constexpr):
     """tau <= every kept value, and a lower bound of how many entries reach it."""
@@ -76,8 +86,7 @@ def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, top
     if topk:
         tau = tl.maximum(tau, kth_block_max(bmax_ptr, row, nblk, k, NBP))
     else:
-        se_m = tl.load(se_m_ptr + parts)
-        s_all = tl.sum(tl.where(se_m > NEG_INF, tl.load(se_s_ptr + parts) * fexp(se_m - m, EXACT_EXP), 0.0), axis=0)
+        s_all = sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP)
         tau = tl.maximum(tau, top_p_block_bound(bmax_ptr, row, nblk, m, p, s_all * 1.004 + 1e-6, EXACT_EXP, NBP))
     b = tl.arange(0, NBP)
     bv = tl.load(bmax_ptr + row.to(tl.int64) * nblk + b, mask=b < nblk, other=NEG_INF)
@@ -88,9 +97,10 @@ def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, top
 def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, cand_n,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, NBH: tl.constexpr, BRACKETS: tl.constexpr):
+    """BRACKETS: top-p rows without top-k take the bracket method (else the bounds below)."""
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -119,7 +129,13 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
         if valid:
             stage = tl.full((), DRAW, tl.int32)
             tl.store(st_tkey + row, tkey)
-            if topk | topp:
+            if BRACKETS & topp & ~topk:
+                lo, inv = range_for_top_p(m, t1, p, sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP), minp, ncols)
+                tl.store(st_hlo + row, lo)
+                tl.store(st_hinv + row, inv)
+                tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
+                stage = tl.full((), BRACKET, tl.int32)
+            elif topk | topp:
                 tau, n_lb = lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
                                             NBP, EXACT_EXP)
                 if n_lb <= CAP:

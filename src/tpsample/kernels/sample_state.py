@@ -11,6 +11,8 @@ A row moves through stages, each one streaming pass (round_kernel) plus one per-
   between two pivots, and a histogram of the window that places the next pivots at count
   quantiles. Once the window holds <= CAP entries it is collected and resolved exactly.
 - DRAW: the masked Gumbel argmax over {key >= tkey}.
+- BRACKET: top-p without top-k, three passes in all (sample_bracket.py); a row whose bracket
+  does not certify starts HIST.
 All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
 of the definition no matter how the search went.
 """
@@ -20,7 +22,8 @@ import triton.language as tl
 from .tlutil import KEY_NEG_INF, order_key
 
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-DONE, COLLECT, DRAW, HIST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+DONE, COLLECT, DRAW, HIST, BRACKET = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
+                                     tl.constexpr(4))
 NEED_S, PHASE_TOPP, FAST, FIRST = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
 
 

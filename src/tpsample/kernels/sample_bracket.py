@@ -1,0 +1,178 @@
+"""Top-p without top-k in three streaming passes: the bracket method (stage BRACKET).
+
+Rows with top-p and no top-k (min-p allowed) used to start from block-maxima bounds that fail on
+such rows (the block maxima hold less than p of the mass), collect the whole row and fall into
+the one-program-per-row search. Here they take, after the scan (pass 1: m = max(l) and an fp32
+sum of exp(l - m)):
+
+- select: a range [lo, m] that must hold v*: every dropped entry is <= v*, they carry more than
+  (1 - p) of S, and there are at most V of them, so exp(v* - m) > (1 - p) S / V, i.e.
+  v* >= m + log((1 - p) * S_lo / V) with S_lo <= S/2**shift (1 with min-p, where S counts only
+  entries >= t1). lo is that bound less a margin, and never below t1.
+- hist_kernel (pass 2, rows x splits): the exact mass S of the eligible entries (int64, per
+  split) and an exact count histogram of the entries in [lo, m] over NBH bins uniform in value,
+  bin(l) = min(floor((l - lo) * inv), NBH - 1) in fp32 (monotone in l, so bins are value
+  intervals); global atomics, only for entries in range.
+- `bracket`: from the counts, bounds of the mass above each bin (count x exp of the bin's edges,
+  with margins) against the exact target p * S give the bins that surely hold kept entries and
+  those that surely do not; v* lies in the bins between (the bracket), whose count is exact.
+- round (pass 3, `collect_bracket`): the bracket's entries become candidates (key, column);
+  entries above the bracket, all kept, give their exact mass and their Gumbel winner.
+- finish (`resolve_bracket`): v* from the candidates' exact masses, certified exactly:
+  float64(mass above the bracket) < p * S <= float64(that + the candidates' mass). The token
+  is the better of the winner above the bracket and the kept candidates' Gumbel argmax.
+A row whose bracket holds more than CAP entries, or does not certify, starts the exact search
+(stage HIST) and is counted in `fallbacks`. Histograms and bounds only choose which entries are
+examined; every decision is on exact integers or keys, so tokens equal the definition's.
+"""
+import triton
+import triton.language as tl
+
+from .rng_triton import gumbel, gumbel_from_bits, uniform_bits
+from .sample_scan import fp32_nonan, noise_bound
+from .sample_state import BRACKET
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, fexp, key_to_float, mass, min_key_mass_below, order_key, pair_max
+
+
+@triton.jit
+def range_for_top_p(m, t1, p, s_all, minp, ncols):
+    """(lo, inv): the bracket's value range [lo, m] (see the module docstring) and NBH / width
+    (the caller multiplies by NBH). s_all: the scan's fp32 sum of exp(l - m) over the row."""
+    s_lo = tl.where(minp, 1.0, tl.maximum(s_all * 0.999, 1.0))
+    lo = m + tl.log(s_lo * (1.0 - p) * 0.999 / ncols.to(tl.float32)) - 1e-3
+    lo = tl.maximum(lo, t1)
+    width = tl.maximum(m - lo, 1e-30)
+    return lo, 1.0 / width
+
+
+@triton.jit
+def bin_of(l, lo, inv, NBH: tl.constexpr):
+    """Bin of entries l >= lo (other lanes: garbage, callers mask them)."""
+    return tl.minimum((l - lo) * (inv * NBH), NBH - 1.0).to(tl.int32)
+
+
+@triton.jit
+def bracket(hist_ptr, row, lo, inv, m, target, scale, NBH: tl.constexpr):
+    """(first bin, last bin, count) of the bins that may hold v*: bins above `last` surely hold
+    only kept entries, bins below `first` only dropped ones. target = float64(p) * S (int mass
+    units, 2**shift per unit of exp)."""
+    b = tl.arange(0, NBH)
+    h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b)
+    w = 1.0 / (inv * NBH)
+    tol = 4e-7 * tl.maximum(tl.abs(m), tl.abs(lo)) + 1e-30
+    bf = b.to(tl.float32)
+    bot = tl.maximum(lo + (bf - 0.01) * w - tol, lo)
+    top = tl.minimum(lo + (bf + 1.01) * w + tol, m)
+    e_lo = tl.maximum(fexp(bot - m, False).to(tl.float64) * (1.0 - 1e-5) - 1e-13, 0.0) * scale
+    e_hi = fexp(top - m, False).to(tl.float64) * (1.0 + 1e-5) * scale
+    lo_mass = h.to(tl.float64) * e_lo
+    hi_mass = h.to(tl.float64) * e_hi
+    above_lo = tl.sum(lo_mass, axis=0) - tl.cumsum(lo_mass, 0)       # mass strictly above bin b
+    above_hi = tl.sum(hi_mass, axis=0) - tl.cumsum(hi_mass, 0)
+    kept_sure = (h > 0) & (above_hi * (1.0 + 1e-9) < target)        # its top entry is kept
+    dropped_sure = above_lo >= target * (1.0 + 1e-9)                 # none of its entries is kept
+    last = tl.minimum(tl.min(tl.where(kept_sure, b, NBH - 1), axis=0), NBH - 1)
+    first = tl.max(tl.where(dropped_sure, b, -1), axis=0) + 1
+    count = tl.sum(tl.where((b >= first) & (b <= last), h, 0), axis=0)
+    return first, last, count
+
+
+@triton.jit
+def _target(p, p_mass, row, NSPLIT: tl.constexpr):
+    S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
+    return p.to(tl.float64) * S.to(tl.float64)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
+                p_mass, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
+                EXACT_EXP: tl.constexpr):
+    """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin."""
+    row = tl.program_id(0)
+    if tl.load(st_stage + row) == BRACKET:
+        part = row * NSPLIT + tl.program_id(1)
+        start = tl.program_id(1) * CHUNK
+        end = tl.minimum(start + CHUNK, ncols)
+        row_off = row.to(tl.int64) * stride
+        t = tl.load(t_ptr + row)
+        m = tl.load(st_m + row)
+        lo = tl.load(st_hlo + row)
+        inv = tl.load(st_hinv + row)
+        t_lo = key_to_float(tl.load(st_tkey + row))
+        hrow = hist_ptr + row.to(tl.int64) * NBH
+        s_part = tl.zeros((), tl.int64)
+        offs = tl.arange(0, BLOCK)
+        xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
+        for s in range(start, end, BLOCK):
+            cols = s + offs
+            xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+            l = div_t(fp32_nonan(xr), t)
+            xr = xr_next
+            s_part += tl.sum(tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+            inr = l >= lo
+            if tl.sum(inr.to(tl.int32), axis=0) > 0:
+                tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
+        tl.store(p_mass + part, s_part)
+
+
+@triton.jit
+def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m, scale, one, k0, k1, col_offset,
+                    cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
+                    EXACT_EXP: tl.constexpr):
+    """Pass 3 of a split: candidates of the bracket; (mass, Gumbel winner) of the entries above it."""
+    m_above = tl.zeros((), tl.int64)
+    best_v = tl.full((), NEG_INF, tl.float32)
+    best_i = tl.full((), BIG_ID32, tl.int32)
+    offs = tl.arange(0, BLOCK)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
+    for s in range(start, end, BLOCK):
+        cols = s + offs
+        xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        l = div_t(fp32_nonan(xr), t)
+        xr = xr_next
+        inr = l >= lo
+        b = bin_of(l, lo, inv, NBH)
+        sel = inr & (b >= first) & (b <= last)
+        above = inr & (b > last)
+        nsel = tl.sum(sel.to(tl.int32), axis=0)
+        if nsel > 0:
+            base = tl.atomic_add(cand_n + row, nsel)
+            pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
+            ok = sel & (pos < CAP)
+            tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
+            tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+        if tl.sum(above.to(tl.int32), axis=0) > 0:
+            m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+            u = uniform_bits(k0, k1, cols + col_offset)
+            cand = above & (noise_bound(l, u) >= best_v)      # only these can beat the best so far
+            if tl.max(cand.to(tl.int32), axis=0) > 0:
+                v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
+                best_v, best_i = pair_max(best_v, best_i, v, i)
+    return m_above, best_v, best_i
+
+
+@triton.jit
+def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id, p_mass, p_cnt,
+                    p_best_v, p_best_i, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
+                    EXACT_EXP: tl.constexpr):
+    """(certified, winner value, winner column) from the n <= SIZE candidates of the bracket."""
+    parts = row * NSPLIT + tl.arange(0, NSPLIT)
+    target = _target(p, p_mass, row, NSPLIT)
+    m_above = tl.sum(tl.load(p_cnt + parts), axis=0)
+    idx = tl.arange(0, SIZE)
+    valid = idx < n
+    keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
+    e = tl.where(valid, mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
+    ok = (m_above.to(tl.float64) < target) & ((m_above + tl.sum(e, axis=0)).to(tl.float64) >= target) & (n > 0)
+    kmin = tl.min(tl.where(valid, keys, 1 << 40), axis=0)
+    kmax = tl.max(keys, axis=0)
+    thr = min_key_mass_below(keys, e, m_above, target, kmin - 1, kmax)
+    kept = valid & (keys >= thr)
+    ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), NEG_INF)
+    bv, bi = argmax_pair(score, tl.where(kept, ids, BIG_ID32))
+    av, ai = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
+    v, i = pair_max(av, ai, bv, bi)
+    return ok, v, i
