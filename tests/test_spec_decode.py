@@ -1,11 +1,16 @@
-"""Speculative decoding (issue 4): rejection sampling keeps every emitted token distributed as p.
+"""Speculative decoding (issue 4): verification keeps every emitted token distributed as p.
+
+One-hot drafts (n-gram style: fixed tokens, no draft_probs) are accepted iff they equal the token
+plain decoding draws at their position, which is then emitted at a rejection: a seeded
+request's tokens do not depend on the drafts at all. Drafts drawn from a given q (`draft_probs`)
+take rejection sampling.
 
 CPU, TP=1. Distribution tests put thousands of independent requests (seeds 0..N-1) in one
 batch, all verifying the same rows, and test with chi-square at alpha = 0.001 (bins expecting
 fewer than 20 counts pooled) that the first emitted token follows the target p of row 0 and
-that the second, given the first draft was accepted, follows p of row 1. p is the softmax of
-the processed row, computed with the float64 reference's processors. Drafts are one-hot
-(n-gram style: fixed tokens, no draft_probs) or drawn from a given q passed as `draft_probs`.
+that the second, given the first draft was accepted, follows p of row 1; for one-hot drafts the
+acceptance rate is tested against p(x) with a two-sided z-test at alpha = 0.001. p is the
+softmax of the processed row, computed with the float64 reference's processors.
 Exactness tests compare with `reference.sample_request` token for token.
 """
 from __future__ import annotations
@@ -260,3 +265,96 @@ def test_num_fallback_counts_only_rows_that_emitted():
     out = sampler.sample(x, sampler.plan(["a", "b"], draft_token_ids=[[7, 2], [5, 2]]))
     assert out.tokens(0) == [5] and out.num_fallback.tolist() == [0, 1]
     assert out.tokens(1) == [5, 0]                        # the guard's token 0 ends b's step
+
+
+def test_one_hot_draft_acceptance_rate_is_the_target_probability():
+    """P(accept x) = p(x) for drafts of high, middling and low probability, and for a draft the
+    filters dropped (p = 0: never accepted). 4000 seeds per draft; two-sided z-test per draft
+    at alpha = 0.001 / 3 (Bonferroni over the three drafts with p > 0)."""
+    n = 4000
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(11)) * 1.5
+    params = SP(seed=0, temperature=0.8, top_k=8)
+    p = target_p(row, params, [1], [])
+    order = torch.argsort(p, descending=True).tolist()
+    xs = [order[0], order[2], order[7], order[-1]]            # order[-1] is outside the top 8
+    sampler = spec_sampler(VOCAB, n * len(xs), max_logits=2)
+    ids = [f"r{s}" for s in range(n * len(xs))]
+    for s, r in enumerate(ids):
+        sampler.add_request(r, SP(seed=s, temperature=0.8, top_k=8), [1])
+    drafts = [[x] for x in xs for _ in range(n)]
+    out = sampler.sample(row.repeat(2 * len(ids), 1), sampler.plan(ids, draft_token_ids=drafts))
+    accepted = (out.num_sampled == 2).view(len(xs), n)
+    for k, x in enumerate(xs):
+        px, got = float(p[x]), int(accepted[k].sum())
+        if px == 0:
+            assert got == 0
+            continue
+        z = (got - n * px) / math.sqrt(n * px * (1 - px))
+        assert abs(z) < 3.59, (x, px, got / n)                # 3.59: two-sided alpha 0.001 / 3
+
+
+def _toy_row(req: str, pos: int, prev: int, vocab: int) -> torch.Tensor:
+    """A stand-in model: logits that depend only on the request, the position and the token before."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{req}/{pos}/{prev}".encode()))
+    row = torch.randn(vocab, generator=gen) * 3
+    row[:8] += 4.0                                           # a few likely tokens: drafts hit often
+    return row
+
+
+def _decode(params: dict, prompt: list[int], length: int, vocab: int, drafts_for) -> dict:
+    """Each request's first `length` tokens, verifying drafts_for(req, output so far) each step."""
+    sampler = spec_sampler(vocab, len(params), max_logits=4, eos_token_id=3, max_logprobs=5)
+    for r, p in params.items():
+        sampler.add_request(r, p, prompt)
+    out = {r: [] for r in params}
+    while active := [r for r in params if len(out[r]) < length]:
+        drafts = [drafts_for(r, out[r]) for r in active]
+        rows = []
+        for r, d in zip(active, drafts, strict=True):
+            hist, base = prompt + out[r] + d, len(prompt) + len(out[r])
+            rows += [_toy_row(r, base + j, hist[base + j - 1], vocab) for j in range(1 + len(d))]
+        res = sampler.sample(torch.stack(rows), sampler.plan(active, draft_token_ids=drafts))
+        for i, r in enumerate(active):
+            out[r] += res.tokens(i)
+    return {r: t[:length] for r, t in out.items()}
+
+
+def test_seeded_tokens_equal_plain_decoding_whatever_the_drafts():
+    """One-hot drafts change which rows are verified, never a token: random drafts (often the
+    plain token, else any token), with penalties, filters, bad words and min_tokens, give
+    exactly the plain tokens, greedy and sampled alike."""
+    vocab, length, prompt = 50, 14, [4, 5, 6]
+    rng = random.Random(5)
+    params = {f"q{i}": random_params(rng, vocab, i) for i in range(32)}
+    plain = _decode(params, prompt, length, vocab, lambda r, o: [])
+
+    def drafts_for(r: str, o: list[int]) -> list[int]:
+        n = min(rng.randint(0, 3), length - len(o) - 1)
+        return [plain[r][len(o) + j] if rng.random() < 0.6 else rng.randrange(vocab) for j in range(n)]
+
+    assert _decode(params, prompt, length, vocab, drafts_for) == plain
+
+
+def test_one_hot_draft_probs_rows_verify_like_ngram_drafts():
+    """A draft_probs row that is one-hot at its draft token is a deterministic draft: the same
+    tokens as giving no draft probabilities."""
+    vocab, n = 30, 300
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3 * n, vocab, generator=gen) * 2
+    drafts = torch.randint(0, vocab, (n, 2), generator=gen)
+    drafts[::2, 0] = x[0::3][::2].argmax(dim=1)              # likely drafts: some accepted
+    q = torch.full((3 * n, vocab), 1.0 / vocab)              # the bonus rows' q is never read
+    q[0::3] = torch.nn.functional.one_hot(drafts[:, 0], vocab).float()
+    q[1::3] = torch.nn.functional.one_hot(drafts[:, 1], vocab).float()
+
+    def run(draft_probs):
+        sampler = spec_sampler(vocab, n)
+        ids = [f"h{i}" for i in range(n)]
+        for i, r in enumerate(ids):
+            sampler.add_request(r, SP(seed=i, top_p=0.95) if i % 5 else SP(temperature=0.0), [1])
+        out = sampler.sample(x, sampler.plan(ids, draft_token_ids=drafts.tolist()), draft_probs=draft_probs)
+        return [out.tokens(i) for i in range(n)]
+
+    with_q = run(q)
+    assert with_q == run(None)
+    assert sum(len(t) > 1 for t in with_q) > 20

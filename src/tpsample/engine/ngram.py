@@ -7,8 +7,9 @@ each new token adds one entry per n; a proposal is max_n - min_n + 1 lookups. So
 O(history) once, then O(1) per step, instead of a Python scan of the whole history every step.
 `propose_ngram` is the slow, obviously correct reference it is tested against.
 
-Drafts are verified by the sampler (one-hot q), so a draft only ever changes speed, never the
-tokens of greedy decoding.
+Drafts are verified by the sampler as one-hot drafts: accepted iff equal to the token plain
+decoding emits at their position (docs/semantics.md), so a draft only ever changes speed, never
+the tokens, greedy or seeded.
 """
 from __future__ import annotations
 

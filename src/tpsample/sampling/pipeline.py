@@ -4,8 +4,9 @@
 holding global columns [col_start, col_start + cols) and a reducer (`LocalRows` for full rows,
 a shard reducer for vocab-parallel). It returns a `RowResult` with, per row, the token the row
 emits if it is reached: the sampled token for ordinary and bonus rows; for a row that verifies a
-draft token, that token when accepted, else the residual draw. The same function serves every
-strategy, so equal logits and seeds give equal tokens everywhere.
+draft token, that token when accepted, else the sampled token (a draft distribution's rows: the
+residual draw; see rejection.py). The same function serves every strategy, so equal logits and
+seeds give equal tokens everywhere.
 
 Invariants: never returns an id outside [0, V); never materialises a logprob tensor; processors
 no row uses are skipped; `x` is never modified unless `inplace` (then an fp32 `x` is the
@@ -59,7 +60,7 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     main = torch.where(fallback, guard_tokens(guard_max, guard_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
     emitted, accepted = main, torch.zeros_like(fallback)
     if b.drafts_any:
-        accepted, residual = verify_drafts(l, b, greedy_tok, main, col_start, red, draft_probs)
+        accepted, residual = verify_drafts(l, b, main, col_start, red, draft_probs)
         accepted &= ~fallback
         has_draft = b.draft_tokens.to(dev) >= 0
         emitted = torch.where(has_draft, torch.where(accepted, b.draft_tokens.to(dev), residual), main)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..noise import SALT_ACCEPT, SALT_DRAW, SALT_RESIDUAL, W_MAX, row_keys, seed_to_int64, uniform_bits
+from ..noise import SALT_DRAW, W_MAX, row_keys, seed_to_int64, uniform_bits
 from ..params import SamplingParams
 
 NEG = float("-inf")
@@ -25,11 +25,6 @@ def gumbel64(seed: int, pos: int, vocab: int, salt: int = SALT_DRAW) -> list[flo
         w = min((b + 0.5) * 2.0**-32, W_MAX)
         out.append(-math.log(-math.log1p(-w)))
     return out
-
-
-def uniform64(seed: int, pos: int, salt: int) -> float:
-    k0, k1 = row_keys(torch.tensor([seed_to_int64(seed)]), torch.tensor([pos]), salt)
-    return uniform_bits(k0, k1, torch.zeros(1, dtype=torch.int64))[0, 0].item() * 2.0**-32
 
 
 def argmax_first(vals: list[float]) -> int:
@@ -145,7 +140,7 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         tok = 0 if tok < 0 else tok
     emitted, accepted = tok, False
     if draft >= 0 and not fallback:
-        accepted, emitted = _verify(proc, p, seed, pos, draft, tok)
+        accepted, emitted = _verify(draft, tok)
     res = {"token": emitted, "accepted": accepted, "fallback": fallback, "nans": nans}
     if p.logprobs is not None:
         base = proc if p.logprobs_mode == "processed" else masked
@@ -153,17 +148,10 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
     return res
 
 
-def _verify(proc: list[float], p: SamplingParams, seed: int, pos: int, draft: int, main: int):
-    """One-hot draft verification on the processed row."""
-    if p.temperature == 0:
-        return (draft == main), (draft if draft == main else main)
-    probs = [math.exp(v) for v in log_softmax(proc)]
-    if uniform64(seed, pos, SALT_ACCEPT) < probs[draft]:
-        return True, draft
-    g = gumbel64(seed, pos, len(proc), SALT_RESIDUAL)
-    z = [proc[i] + g[i] if (proc[i] > NEG and i != draft) else NEG for i in range(len(proc))]
-    tok = argmax_first(z)
-    return False, (main if tok < 0 else tok)
+def _verify(draft: int, main: int) -> tuple[bool, int]:
+    """One-hot draft verification: accept iff the draft is the token plain decoding emits here
+    (`main`, greedy or drawn); at a rejection emit that token (docs/semantics.md)."""
+    return draft == main, main
 
 
 def sample_request(rows: list[list[float]], p: SamplingParams, seed: int, prompt: list[int],
