@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import re
 from typing import Optional
 
 import numpy as np
@@ -65,21 +66,26 @@ def check_device(device) -> Optional[torch.device]:
     """The sampler's device: None, or a CPU or CUDA device that exists here ("cpu", "cuda",
     "cuda:N" with N < torch.cuda.device_count(), a CUDA index N, or the torch.device of one).
     Other device types ("meta", "mps", ...) are refused: the sampler's tables and kernels are
-    built and tested for CPU and CUDA only."""
+    built and tested for CPU and CUDA only. The index is read before torch parses it (torch
+    keeps device indices in 8 bits: "cuda:4096" would become cuda:0)."""
     if device is None:
         return None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     allowed = (f"None, 'cpu', 'cuda' or 'cuda:N' with N < {count} (the CUDA devices here)" if count
                else "None or 'cpu' (no CUDA device here)")
-    try:
-        dev = torch.device(device) if isinstance(device, (str, torch.device)) or _is_int(device) else None
-    except (RuntimeError, ValueError, TypeError):
-        dev = None
-    ok = dev is not None and (dev.type == "cpu" or (dev.type == "cuda" and count > 0
-                                                   and (dev.index is None or 0 <= dev.index < count)))
+    if isinstance(device, torch.device):
+        kind, index = device.type, device.index
+    elif isinstance(device, str) and re.fullmatch(r"(cpu|cuda)(:\d+)?", device):
+        kind, _, digits = device.partition(":")
+        index = int(digits) if digits else None
+    elif _is_int(device):
+        kind, index = "cuda", int(device)
+    else:
+        kind, index = None, None
+    ok = kind == "cpu" or (kind == "cuda" and count > 0 and (index is None or 0 <= index < count))
     if not ok:
         raise ValueError(f"device must be {allowed}, got {device!r}")
-    return dev
+    return torch.device(kind, index)
 
 
 def check_prompt(prompt, vocab_size: int) -> list[int]:
