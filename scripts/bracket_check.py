@@ -10,7 +10,7 @@ import torch
 from tpsample import noise
 from tpsample.kernels import torch_ref
 from tpsample.kernels.dispatch import sample_rows
-from tpsample.kernels.sample_launch import fallback_counter
+from tpsample.kernels.config import fallback_counter
 
 
 def logits(kind, rows, vocab, gen):

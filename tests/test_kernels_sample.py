@@ -131,7 +131,7 @@ def test_single_row_with_many_programs():
 
 
 def _fallbacks_of(x, rows, cfg):
-    from tpsample.kernels.sample_launch import fallback_counter    # kernels build under the fixture
+    from tpsample.kernels.config import fallback_counter
     counter = fallback_counter(torch.device(DEV))
     before = int(counter.item())
     check(x, rows, cfg)

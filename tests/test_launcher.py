@@ -48,3 +48,47 @@ def test_direct_launch_only_without_launch_hooks(monkeypatch):
     assert launcher._no_hooks()
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", Chain([print]))
     assert not launcher._no_hooks()
+
+
+def test_a_site_hit_launches_the_remembered_kernel_without_a_key(monkeypatch):
+    """`Launcher.at`: the first launch of a site takes the normal path and remembers the compiled
+    kernel; later launches of that site call it directly, computing no per-argument key."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(launcher, "_no_hooks", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    runs, binds = [], []
+
+    class Compiled:
+        function, packed_metadata = object(), object()
+
+        def _init_handles(self):
+            pass
+
+        def run(self, *args):
+            runs.append(args)
+
+    class Fn:
+        arg_names, params = ["x", "n"], ()
+
+        def __getitem__(self, grid):
+            def bind(*args, **constexprs):
+                binds.append(args)
+                return Compiled()
+            return bind
+
+    lau = launcher.Launcher(Fn())
+    keys = []
+    real_key = launcher.launch_key
+    monkeypatch.setattr(launcher, "launch_key", lambda *a: keys.append(a) or real_key(*a))
+    x = torch.zeros(4)
+    lau.at(("site", 1), (2,), x, 3)          # normal path: compiles (binds) and remembers
+    assert len(binds) == 1 and not runs
+    lau.at(("site", 1), (2,), x, 5)
+    lau.at(("site", 1), (2,), x, 7)
+    assert len(binds) == 1 and [r[-1] for r in runs] == [5, 7] and runs[0][:3] == (2, 1, 1)
+    n_keys = len(keys)
+    lau.at(("site", 1), (2,), x, 9)
+    assert len(keys) == n_keys               # a hit computes no launch key
+    lau.at(("site", 2), (2,), x, 11)         # another site: the normal path again
+    assert len(runs) == 4 and len(binds) == 1   # (the same key: the cached compiled kernel runs)

@@ -17,7 +17,7 @@ LAYERS = [
     {"state"},
     {"sampling"},
     {"parallel"},
-    {"sampler", "capture", "__init__"},
+    {"sampler", "capture", "autograph", "__init__"},
     {"model", "testing"},
     {"engine"},
     {"llm"},

@@ -194,3 +194,24 @@ def test_replay_stops_at_the_reserved_history():
     with pytest.raises(ValueError, match="ran out of reserved history"):
         step.replay()
     assert [graphed.output_token_ids(r) for r in ids] == [eager.output_token_ids(r) for r in ids]
+
+
+def test_auto_graph_replays_repeated_eager_calls_with_the_eager_tokens():
+    from tpsample import autograph
+    params = [P(temperature=0), P(temperature=0.8, top_k=50, top_p=0.9, seed=1), P(top_p=0.9, seed=2),
+              P(min_p=0.1, seed=3, logprobs=2), P(seed=4, repetition_penalty=1.2, frequency_penalty=0.3)]
+    auto, eager = (tpsample.Sampler(V, seed=7, device="cuda", auto_graph=a) for a in (True, False))
+    ids = [str(i) for i in range(len(params))]
+    for s in (auto, eager):
+        for i, p in enumerate(params):
+            s.add_request(ids[i], p, [1, 2, 3])
+    buffer = torch.empty(len(ids), V, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(autograph.AFTER + 5):
+        buffer.copy_(torch.randn(len(ids), V, device="cuda", generator=g) * 3)
+        want = eager.sample(buffer.clone(), eager.plan(ids))
+        got = auto.sample(buffer, auto.plan(ids))
+        assert got.token_lists() == want.token_lists()
+        assert torch.equal(got.logprobs.token_ids, want.logprobs.token_ids)
+    assert auto.auto_graph.captures == 1 and auto.auto_graph.replays == 6
+    assert [auto.output_token_ids(r) for r in ids] == [eager.output_token_ids(r) for r in ids]

@@ -25,6 +25,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import autograph
+from .autograph import AutoGraph
 from .parallel import names
 from .parallel.agreement import disagreement
 from .parallel.collectives import Collectives
@@ -51,6 +53,7 @@ from .validation import (
 )
 
 STRATEGY_NAMES = names.ALL
+
 _UIDS = itertools.count(1)
 
 
@@ -73,7 +76,7 @@ class Sampler:
                  strategy: str = "auto", group=None, device=None, max_logprobs: int = 20,
                  eos_token_id: Optional[int] = None, seed: Optional[int] = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, inplace_logits: bool = False,
-                 profile_memory: bool = False, check_plans: bool = True):
+                 profile_memory: bool = False, check_plans: bool = True, auto_graph: bool = True):
         """vocab_size: V. max_num_reqs: concurrent requests (slot tables grow with use, so a large
         value costs nothing up front). max_num_logits_per_req: 1 + the most draft tokens a request
         may verify per step. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel".
@@ -86,11 +89,15 @@ class Sampler:
         profile_memory: measure each step's CUDA peak (synchronises; for profiling, not serving).
         check_plans: at TP > 1, every step first checks that all ranks sample the same plan (one
         8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
-        disagree get a clear error instead of a hang or silently different tokens."""
+        disagree get a clear error instead of a hang or silently different tokens.
+        auto_graph: at TP = 1 on CUDA, replay a step from a CUDA graph once the same plan has been
+        sampled over the same logits buffer a few calls in a row (`tpsample.autograph`): the
+        tokens are the eager ones, at a fraction of the host cost; the output's device tensors
+        then hold their values until the next call."""
         check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
                            strategy, STRATEGY_NAMES, group=group, timeout_s=timeout_s, seed=seed,
                            flags={"inplace_logits": inplace_logits, "profile_memory": profile_memory,
-                                  "check_plans": check_plans})
+                                  "check_plans": check_plans, "auto_graph": auto_graph}, group_types=(TPGroup,))
         device = check_device(device)
         self.vocab_size = vocab_size
         self.max_num_logits_per_req = max_num_logits_per_req
@@ -99,6 +106,7 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.inplace_logits = inplace_logits
         self.profile_memory = profile_memory
+        self.auto_graph = AutoGraph() if auto_graph else None
         self.device = device
         self.group = TPGroup.resolve(group, timeout_s)
         self.comm = Collectives(self.group)
@@ -212,6 +220,11 @@ class Sampler:
             full = self.tp_size == 1
             draft_rows = np.flatnonzero(plan.rows_view(None).draft_tokens >= 0) if full else None
             check_draft_probs(draft_probs, plan.num_rows, width, draft_rows=draft_rows, full_rows=full)
+        if self.auto_graph is not None and autograph.wanted(self, local_logits, draft_probs):
+            out = self.auto_graph.sample(self, plan, local_logits)
+            if out is not None:
+                self.last_stats = StepStats(plan.strategy, 0, 0, 0, 0, local_logits.numel() * local_logits.element_size())
+                return out
         dev = local_logits.device
         if self.device is None:
             self.device = dev
@@ -249,6 +262,14 @@ class Sampler:
         `tpsample.capture`). reserve_tokens: history room per request for later replays."""
         from .capture import CapturedStep
         return CapturedStep(self, plan, logits, reserve_tokens)
+
+    def kernel_fallback_rows(self) -> int:
+        """Rows sampled by the kernels on this sampler's device so far (every sampler of the
+        device counts here) whose filter candidates did not fit or whose top-p bracket did not
+        certify, so that they took the exact one-program-per-row search; reads the device (not
+        for hot paths). Divide by the rows sampled for the rate."""
+        from .kernels.config import fallback_counter
+        return 0 if self.device is None else int(fallback_counter(self.device).item())
 
     def output_token_ids(self, req_id: str) -> list[int]:
         """The tokens a request has emitted so far (reads the device: not for hot paths)."""

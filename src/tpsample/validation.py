@@ -9,7 +9,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .parallel.group import TPGroup
 from .params import MAX_LOGPROBS
 
 MAX_NUM_REQS = 1 << 24          # slot ids travel as int32 in places; 16M concurrent requests
@@ -33,9 +32,11 @@ def _is_int(x) -> bool:
 
 
 def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
-                       strategy, strategy_names, *, group=None, timeout_s=1.0, seed=None, flags=None) -> None:
+                       strategy, strategy_names, *, group=None, timeout_s=1.0, seed=None, flags=None,
+                       group_types: tuple = ()) -> None:
     """The Sampler constructor's arguments (the device is `check_device`'s); ValueError naming the
-    first bad one and its allowed range. flags: {name: value} of the True/False arguments."""
+    first bad one and its allowed range. flags: {name: value} of the True/False arguments.
+    group_types: the group classes accepted besides a torch.distributed ProcessGroup."""
     if not _is_int(vocab_size) or not 1 <= vocab_size < 2**31:
         raise ValueError(f"vocab_size must be an integer in [1, 2**31), got {vocab_size!r}")
     if strategy not in strategy_names:
@@ -53,7 +54,7 @@ def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_log
     if (not isinstance(timeout_s, numbers.Real) or isinstance(timeout_s, (bool, np.bool_))
             or not (0 < timeout_s <= MAX_TIMEOUT_S)):      # NaN fails the comparison too
         raise ValueError(f"timeout_s must be a number of seconds in (0, 1e9], got {timeout_s!r}")
-    if group is not None and not isinstance(group, TPGroup) and not (
+    if group is not None and not isinstance(group, group_types) and not (
             dist.is_available() and isinstance(group, dist.ProcessGroup)):
         raise ValueError(f"group must be None, a torch.distributed ProcessGroup or a TPGroup, "
                          f"got {type(group).__name__}")

@@ -9,9 +9,12 @@ Cases: greedy, temperature only, top-k 50 + top-p 0.9 (T 0.8), top-p 0.9 alone, 
 min-p 0.05 alone, top-k 50 + top-p 0.9 with logprobs=5, and the same with repetition 1.1 /
 frequency 0.2 penalties over 2,000-token prompts and growing outputs (at the first row count
 only). FlashInfer's anchors take per-row tensor parameters, as vLLM and SGLang pass them: for
-top-p, min-p and top-k alone vLLM's own calls (softmax, then the `*_from_probs` op). Every case is timed twice: eager (`tpsample eager`: plan + sample per call) and as the
-same step captured once in a CUDA graph and replayed (`tpsample graph`: `Sampler.capture`,
-what an engine that graphs its decode step pays). Prints a table and ends with one JSON line.
+top-p, min-p and top-k alone vLLM's own calls (softmax, then the `*_from_probs` op). Every case is timed three ways: eager over one logits buffer (`tpsample eager`: plan + sample
+per call, which the sampler's auto_graph replays from a graph after a few identical calls),
+eager over a new buffer every call (`tpsample eager, new buffer`: never replayed, the launch
+path's own cost; not for the in-place penalties case, which is never replayed), and as the same
+step captured once with `Sampler.capture` and replayed (`tpsample graph`, what an engine that
+graphs its decode step pays). Prints a table and ends with one JSON line.
 """
 from __future__ import annotations
 
@@ -114,6 +117,16 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         return lambda: (out.token_lists(), out.logprobs)
 
     out = [{"impl": "tpsample eager", **_measure(call, iters, refill, x.device)}]
+    if not inplace:     # a new logits buffer every call: never replayed, the launch path's own cost
+        bufs, turn = (x, x.clone()), [0]
+
+        def call_new():
+            turn[0] ^= 1
+            o = s.sample(bufs[turn[0]], s.plan(ids))
+            return lambda: (o.token_lists(), o.logprobs)
+
+        out.append({"impl": "tpsample eager, new buffer", **_measure(call_new, iters, None, x.device)})
+        del bufs
     # what an engine that graphs its decode step pays: the same step captured once and replayed
     # (the buffer refilled before each replay when the sampler works in place, as the LM head would)
     if refill:

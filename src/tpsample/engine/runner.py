@@ -65,7 +65,8 @@ class ModelRunner:
             self.vocab_size, max_num_reqs=cfg.max_num_seqs,
             max_num_logits_per_req=1 + cfg.num_speculative_tokens, strategy=cfg.strategy,
             group=process_group, device=self.device, max_logprobs=cfg.max_logprobs,
-            eos_token_id=eos[0] if eos and eos[0] < self.vocab_size else None)
+            eos_token_id=eos[0] if eos and eos[0] < self.vocab_size else None,
+            auto_graph=False)      # measured: the decode graph's device time hides the eager sampler's host work
         wanted_len = cfg.max_model_len or self.model_config.max_position_embeddings
         self.memory: MemoryProfile = size_kv(self.model, self.sampler, cfg, self.group, self.dtype,
                                              self.device, wanted_len, use_kernels=self.use_kernels)

@@ -26,7 +26,7 @@ class KernelConfig:
     small: int = 256
     pivots: int = 8
     bins: int = 256
-    hist_bins: int = 1024      # the bracket histogram of top-p rows without top-k (a power of two)
+    hist_bins: int = 2048      # the bracket histogram of top-p rows without top-k (a power of two)
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
@@ -35,6 +35,22 @@ class KernelConfig:
 
 
 DEFAULT = KernelConfig()
+
+
+_FALLBACKS: dict = {}
+
+
+def fallback_counter(dev) -> torch.Tensor:
+    """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far whose
+    candidates overflowed or whose top-p bracket did not certify, so that they took the exact
+    one-program-per-row search (the drain kernel). A device tensor: read it off the hot path."""
+    dev = torch.device(dev)
+    if dev.type == "cuda" and dev.index is None:      # "cuda" and "cuda:0" share one counter
+        dev = torch.device("cuda", torch.cuda.current_device())
+    got = _FALLBACKS.get(dev)
+    if got is None:
+        got = _FALLBACKS[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return got
 
 
 def interpreting() -> bool:

@@ -52,9 +52,13 @@ def bin_of(l, lo, inv, NBH: tl.constexpr):
 
 
 @triton.jit
-def bracket(hist_ptr, row, lo, inv, m, target, scale, NBH: tl.constexpr):
-    """(first bin, last bin, count) of the bins that may hold v*: bins above `last` surely hold
-    only kept entries, bins below `first` only dropped ones. target = float64(p) * S (int mass
+def bracket(hist_ptr, row, lo, inv, m, target, scale, CAP: tl.constexpr, NBH: tl.constexpr):
+    """(first bin, last bin, count): the candidates are the entries of bins first..last; bins
+    below `first` hold only dropped entries; entries of bins above `last` are all kept (their
+    mass and winner come from the collect pass). v* lies in the bins that neither surely hold a
+    kept entry nor surely none; when every entry from `first` up fits in CAP, last is the top
+    bin (no entry above: the finish resolves everything from the candidates), else the last
+    bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
     units, 2**shift per unit of exp)."""
     b = tl.arange(0, NBH)
     h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b)
@@ -73,7 +77,11 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, NBH: tl.constexpr):
     dropped_sure = above_lo >= target * (1.0 + 1e-9)                 # none of its entries is kept
     last = tl.minimum(tl.min(tl.where(kept_sure, b, NBH - 1), axis=0), NBH - 1)
     first = tl.max(tl.where(dropped_sure, b, -1), axis=0) + 1
+    upward = tl.sum(tl.where(b >= first, h, 0), axis=0)
     count = tl.sum(tl.where((b >= first) & (b <= last), h, 0), axis=0)
+    if upward <= CAP:
+        last = NBH - 1
+        count = upward
     return first, last, count
 
 

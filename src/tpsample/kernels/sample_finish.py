@@ -182,7 +182,7 @@ def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_
                    SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr,
                    EXACT_EXP: tl.constexpr):
     _, _, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), m,
-                          _target(p, p_mass, row, NSPLIT), scale, NBH)
+                          _target(p, p_mass, row, NSPLIT), scale, CAP, NBH)
     ok = count <= CAP
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)

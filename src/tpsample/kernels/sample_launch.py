@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, num_splits
+from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, fallback_counter, num_splits
 from .launcher import Launcher, stream_scratch
 from .sample_bracket import hist_kernel
 from .sample_drain import drain_kernel
@@ -26,17 +26,6 @@ from .sample_select import select_kernel
 
 SCAN, SELECT, HIST, ROUND, FINISH, DRAIN = (Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, round_kernel,
                                                                  finish_kernel, drain_kernel))
-_FALLBACKS: dict = {}
-
-
-def fallback_counter(dev: torch.device) -> torch.Tensor:
-    """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far whose
-    candidates overflowed or whose top-p bracket did not certify, so that they took the exact
-    search (the drain kernel). Read it off the hot path (it is a device tensor)."""
-    got = _FALLBACKS.get(str(dev))
-    if got is None:
-        got = _FALLBACKS[str(dev)] = torch.zeros(1, dtype=torch.int32, device=dev)
-    return got
 
 
 class Workspace:
@@ -114,12 +103,16 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         valid = torch.empty(rows, dtype=torch.bool, device=dev)
     else:
         token, valid = out
+    # what decides every launch key below (the workspace views are 256-byte aligned by
+    # construction), so the launches skip their per-argument keys
+    site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, cfg,
+            tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
     nw = cfg.num_warps
-    SCAN((rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
+    SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
          num_warps=cfg.scan_warps)
-    SELECT((rows,), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m,
+    SELECT.at(site, (rows,), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m,
            ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
@@ -132,22 +125,22 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         stages = (3 if hints.any_top_k_or_p else 2) | (8 if hints.any_top_p_alone else 0)
         fallbacks = fallback_counter(dev)
         if hints.any_top_p_alone:
-            HIST((rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv,
+            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv,
                  ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, NBH=cfg.hist_bins,
                  EXACT_EXP=exact_exp, num_warps=nw)
-        ROUND((rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
+        ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
               ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, p, ws.hlo, ws.hinv, ws.hist,
               NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
               NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=nw)
-        FINISH((rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
+        FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.hist, fallbacks,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
                EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
-            DRAIN((rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
+            DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
                   ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.hist, fallbacks,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,

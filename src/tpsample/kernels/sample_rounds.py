@@ -127,7 +127,7 @@ def _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key
     lo = tl.load(st_hlo + row)
     inv = tl.load(st_hinv + row)
     first, last, count = bracket(hist_ptr, row, lo, inv, m, _target(tl.load(p_ptr + row), p_mass, row, NSPLIT),
-                                 scale, NBH)
+                                 scale, CAP, NBH)
     if count <= CAP:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
         k1 = tl.load(key1_ptr + row).to(tl.uint32)

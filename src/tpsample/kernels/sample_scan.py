@@ -111,8 +111,9 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
                 tl.store(bmax_ptr + row.to(tl.int64) * nblk + b, bm, mask=b < nblk)
                 if need_se:
                     new_m = tl.maximum(se_m, tl.max(bm, axis=0))
-                    se_s = se_s * tl.where(new_m > NEG_INF, fexp(se_m - new_m, EXACT_EXP), 1.0)
-                    se_s += tl.sum(tl.sum(tl.where(l > NEG_INF, fexp(l - new_m, EXACT_EXP), 0.0), axis=1), axis=0)
+                    # only bounds read this sum (with margins): the fast exp will do
+                    se_s = se_s * tl.where(new_m > NEG_INF, fexp(se_m - new_m, False), 1.0)
+                    se_s += tl.sum(tl.sum(tl.where(l > NEG_INF, fexp(l - new_m, False), 0.0), axis=1), axis=0)
                     se_m = new_m
         xr = xr_next
     raw_v, raw_i = argmax_pair(rv, ri)
