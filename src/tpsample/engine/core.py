@@ -6,7 +6,13 @@ Contract
 - Invariants: commands are applied between steps, never during one; an `AddRequests` batch is
   validated as a whole and either every request joins or none does (`Rejected` carries the
   ValueError); every request that joined gets exactly one `TokenUpdate` with a finish reason;
-  once idle, the core flushes, so no sampler slot or KV block stays held.
+  once idle, the core flushes, so no sampler slot or KV block stays held. Any exception while
+  admitting a batch rejects that batch (as a ValueError naming it); the loop goes on.
+- Grammars compile off the loop: a batch with a grammar not compiled yet waits (parked) while
+  its grammars compile in the grammar backend's threads and the loop keeps stepping the others;
+  it is then admitted, or `Rejected` when a grammar fails or takes longer than the request's
+  `grammar_timeout_s` (default `structured.COMPILE_TIMEOUT_S`). An `Abort` of a parked request
+  rejects its batch.
 - Where it runs: `LocalClient` drives it in the caller's process (TP=1, and rank 0 under
   torchrun); with spawned workers it runs inside rank 0 (`serve_core`) and `WorkerClient`
   talks to it over the worker pipe. Every client is polled from one thread; `submit` is
@@ -21,6 +27,9 @@ from multiprocessing.connection import wait
 
 from tpsample.engine.report import RunStats
 from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
+from tpsample.engine.structured import COMPILE_TIMEOUT_S, GrammarWaits
+
+PARKED_POLL_S = 0.005           # how often an otherwise idle loop looks at the grammars compiling
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class NewRequest:
     params: object                          # tpsample.SamplingParams
     guided: GuidedDecoding | None = None
     index: int = 0                          # position in the caller's batch, for error messages
+    grammar_timeout_s: float | None = None  # the most its grammar may take to compile (None: the default)
 
 
 @dataclass(frozen=True)
@@ -81,30 +91,65 @@ class EngineCore:
         self.engine = engine
         self.live: dict[str, Request] = {}
         self.finished: dict[str, int] = {}
+        self.parked = GrammarWaits()             # batches whose grammars compile
 
     def apply(self, cmd) -> list:
         if isinstance(cmd, AddRequests):
-            return [self._add(cmd.requests)]
+            return [ev for ev in (self._add(cmd.requests),) if ev is not None]
         if isinstance(cmd, Abort):
-            return [self._abort(rid) for rid in cmd.req_ids if rid in self.live]
+            return [Rejected(_ids(b), ValueError("aborted while its grammar compiled"))
+                    for b in self.parked.cancel(set(cmd.req_ids))] + \
+                [self._abort(rid) for rid in cmd.req_ids if rid in self.live]
         if isinstance(cmd, Report):
             return [Reported(self.engine.take_stats(), self.engine.resources(), dict(self.finished))]
         raise TypeError(f"unknown engine command {cmd!r}")
 
-    def _add(self, new: tuple[NewRequest, ...]):
-        ids = tuple(r.req_id for r in new)
+    def _add(self, new: tuple[NewRequest, ...], compiled: bool = False):
+        """Accepted, Rejected, or None when the batch was parked until its grammars compile."""
+        ids = _ids(new)
         try:
-            dup = [rid for rid in ids if rid in self.live] or [rid for rid in ids if ids.count(rid) > 1]
+            parked = self.parked.req_ids()
+            dup = [rid for rid in ids if rid in self.live or rid in parked] or \
+                [rid for rid in ids if ids.count(rid) > 1]
             if dup:
                 raise ValueError(f"request id {dup[0]!r} is already in use")
+            if not compiled and self._park(new):
+                return None
             reqs = [self.engine.make_request(r.prompt_token_ids, r.params, r.guided, r.index, r.req_id)
                     for r in new]
+            self._join(reqs)
         except ValueError as e:
             return Rejected(ids, e)
-        for req in reqs:
-            self.engine.add_request(req)
-            self.live[req.req_id] = req
+        except Exception as e:              # a bug or an unchecked value: this batch fails, the loop goes on
+            return Rejected(ids, ValueError(f"the request could not be admitted: {type(e).__name__}: {e}"))
         return Accepted(ids)
+
+    def _join(self, reqs: list[Request]) -> None:
+        """Add every request to the engine, or (when one fails) none: the ones added are aborted."""
+        added = []
+        try:
+            for req in reqs:
+                self.engine.add_request(req)
+                added.append(req)
+        except BaseException:
+            for req in added:
+                self.engine.abort(req)
+            raise
+        for req in reqs:
+            self.live[req.req_id] = req
+
+    def _park(self, new: tuple[NewRequest, ...]) -> bool:
+        grammar = getattr(self.engine, "grammar", None)
+        todo = [r for r in new if r.guided is not None and grammar is not None and not grammar.is_cached(r.guided)]
+        if todo:
+            self.parked.park(grammar, new, [r.guided for r in todo],
+                             min(r.grammar_timeout_s or COMPILE_TIMEOUT_S for r in todo))
+        return bool(todo)
+
+    def _unpark(self) -> list:
+        """Events of the parked batches whose grammars are done (admitted or failed) or too late."""
+        return [self._add(batch, compiled=True) if error is None else Rejected(_ids(batch), error)
+                for batch, error in self.parked.ready()]
 
     def _abort(self, req_id: str) -> TokenUpdate:
         req = self.live.pop(req_id)
@@ -126,13 +171,19 @@ class EngineCore:
         return updates
 
     def run_once(self, commands: list) -> list:
-        """Apply the commands, then run one step if anything is unfinished, else flush."""
-        events = [ev for cmd in commands for ev in self.apply(cmd)]
+        """Admit the parked batches that are ready, apply the commands, then run one step if
+        anything is unfinished, else flush."""
+        events = self._unpark() if self.parked else []
+        events += [ev for cmd in commands for ev in self.apply(cmd)]
         if self.engine.has_unfinished():
             events += self.step()
         if not self.engine.has_unfinished():
             self.engine.flush()
         return events
+
+
+def _ids(batch: tuple[NewRequest, ...]) -> tuple[str, ...]:
+    return tuple(r.req_id for r in batch)
 
 
 class LocalClient:
@@ -149,10 +200,13 @@ class LocalClient:
         """Events of one round; waits up to `timeout` for a command while the engine is idle."""
         cmds = []
         if not self.core.engine.has_unfinished() and self._inbox.empty() and timeout != 0:
+            parked = bool(self.core.parked)
             try:
-                cmds.append(self._inbox.get(timeout=timeout))
+                cmds.append(self._inbox.get(timeout=min(timeout or PARKED_POLL_S, PARKED_POLL_S) if parked
+                                            else timeout))
             except queue.Empty:
-                return []
+                if not parked:
+                    return []
         while not self._inbox.empty():
             cmds.append(self._inbox.get_nowait())
         return self.core.run_once(cmds)
@@ -160,12 +214,12 @@ class LocalClient:
 
 def serve_core(engine, conn, first_cmd) -> None:
     """Rank 0 of spawned workers: run the core on commands from the pipe until "shutdown".
-    While busy, every round sends its events (possibly none: a sign of progress); idle, it
-    sends nothing and waits for the next command."""
+    While busy (or a grammar compiles), every round sends its events (possibly none: a sign of
+    progress); idle, it sends nothing and waits for the next command."""
     core, pending = EngineCore(engine), [first_cmd]
     while True:
         busy = engine.has_unfinished() or bool(pending)
-        if conn.poll(0 if busy else None):
+        if conn.poll(0 if busy else PARKED_POLL_S if core.parked else None):
             while conn.poll(0):
                 msg = conn.recv()
                 if msg[0] == "shutdown":
