@@ -7,13 +7,21 @@ steps. The caller watches every worker: a worker that dies or raises, or a
 step with no answer within `step_timeout_s`, stops all workers and raises RuntimeError naming the
 rank. A bad request comes back as ValueError and the engine stays usable.
 
+Process hygiene: a worker never outlives its parent (each watches it and exits within
+`PARENT_WATCH_S` of its death, whatever killed it); workers live in their own process group, so
+a terminal's Ctrl-C reaches the parent alone, which stops them; SIGINT or SIGTERM sent to a
+worker itself ends it at once (the parent then sees a dead worker, as above). `close` stops the
+workers within `CLOSE_TIMEOUT_S`, then terminates and at last kills what is left.
+
 (`tpsample.parallel.launch.spawn_ranks` is the one-shot counterpart: run a function on TP ranks
 and return the results; these workers instead live as long as the engine.)
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -28,8 +36,31 @@ from tpsample.engine.engine import follow
 from tpsample.engine.launch import build_engine, build_rank, init_groups, rank_device, resolve_device
 from tpsample.parallel.launch import free_port
 
+PARENT_WATCH_S = 0.25
+CLOSE_TIMEOUT_S = 4.0
+
+
+def _detach_from_parent_signals() -> None:
+    """Own process group (a terminal's Ctrl-C goes to the parent only), default SIGINT/SIGTERM
+    (they end the process at once, even inside a blocking collective), and exit if the parent dies."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tpsample-parent-watch", daemon=True).start()
+
 
 def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
+    _detach_from_parent_signals()
     try:
         world = cfg.tensor_parallel_size
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -108,7 +139,8 @@ class MultiprocBackend:
             for obj in ready:
                 if obj in sentinels:
                     r = sentinels[obj]
-                    self._fail(f"worker rank {r} died during {what} (exit code {self.procs[r].exitcode})")
+                    self.procs[r].join(timeout=1)       # reap it, so its exit code is known
+                    self._fail(f"worker rank {r} died during {what} ({_exit_text(self.procs[r].exitcode)})")
 
     def _fail(self, why: str, error: type[Exception] = RuntimeError):
         """Stop every worker and raise; a configuration error found by a rank stays a ValueError."""
@@ -128,12 +160,24 @@ class MultiprocBackend:
                 self.conns[0].send(("shutdown",))
             except (BrokenPipeError, OSError):
                 pass
-        for p in self.procs:
-            p.join(timeout=0 if force else 10)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        _join_all(self.procs, 0 if force else CLOSE_TIMEOUT_S)
+        for stop in ("terminate", "kill"):
+            alive = [p for p in self.procs if p.is_alive()]
+            for p in alive:
+                getattr(p, stop)()
+            _join_all(alive, 2.0)
+
+
+def _join_all(procs, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
