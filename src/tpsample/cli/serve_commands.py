@@ -67,9 +67,68 @@ def add_serve_args(p) -> None:
                    help="requests in flight before answering 429 (default: 4 x --max-num-seqs)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the server's log level (default: info)")
+    add_serve_limit_args(p)
+
+
+def add_serve_limit_args(p) -> None:
+    """Access, size limits and timeouts (`tpsample.serve.config.ServeConfig`)."""
+    from tpsample.cli.args import int_at_least
+    from tpsample.serve.config import ServeConfig
+
+    d = ServeConfig()
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health "
+                        "(default: $TPSAMPLE_API_KEY; unset: no key)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header names to answer ('*': any; default: on a loopback "
+                        "address its loopback names only, elsewhere any)")
+    p.add_argument("--max-body-mb", type=_positive_real, default=d.max_body_bytes / (1 << 20),
+                   help="largest request body in MiB; larger is a 413 (default: %(default)g)")
+    p.add_argument("--max-messages", type=int_at_least(1), default=d.max_messages,
+                   help="chat messages per request (default: %(default)s)")
+    p.add_argument("--max-prompt-chars", type=int_at_least(1), default=d.max_prompt_chars,
+                   help="characters of prompt text per request (default: %(default)s)")
+    for name, value, what in (("keep-alive", d.timeout_keep_alive_s, "close a kept-alive connection idle this long"),
+                              ("header", d.timeout_header_s, "a request's line and headers may take; later: 408"),
+                              ("body", d.timeout_body_s, "a request's body may take to arrive; later: 408"),
+                              ("shutdown", d.timeout_shutdown_s, "on SIGINT/SIGTERM, the wait for open "
+                                                                 "connections before they are closed")):
+        p.add_argument(f"--timeout-{name}", type=_positive_real, default=value,
+                       help=f"seconds: {what} (default: %(default)g)")
+    p.add_argument("--grammar-timeout", type=_positive_real, default=d.grammar_timeout_s,
+                   help="seconds a response_format grammar may take to compile; longer is a 400 "
+                        "(default: %(default)g)")
+
+
+def _positive_real(text: str) -> float:
+    import argparse
+
+    from tpsample.cli.args import real
+
+    value = real(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def serve_config(args):
+    """The ServeConfig of the parsed options (the API key may come from $TPSAMPLE_API_KEY)."""
+    from tpsample.serve.config import ServeConfig
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("TPSAMPLE_API_KEY") or None
+    hosts = None if args.allowed_hosts is None else tuple(h for h in args.allowed_hosts.split(",") if h.strip())
+    if hosts == ():
+        raise ValueError("--allowed-hosts needs at least one name (or '*')")
+    return ServeConfig(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_messages=args.max_messages,
+                       max_prompt_chars=args.max_prompt_chars, timeout_keep_alive_s=args.timeout_keep_alive,
+                       timeout_header_s=args.timeout_header, timeout_body_s=args.timeout_body,
+                       timeout_shutdown_s=args.timeout_shutdown, grammar_timeout_s=args.grammar_timeout,
+                       api_key=api_key, allowed_hosts=hosts)
 
 
 def run_serve(args) -> int:
+    """Serve until SIGINT / SIGTERM (exit code 0) or an engine failure (1); the workers are
+    stopped before it returns."""
     from rich.console import Console
 
     from tpsample.serve.app import build_app
@@ -79,21 +138,24 @@ def run_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     check_positive(args, "max_pending")
+    config = serve_config(args)
     sock = bind(args.host, args.port)              # a taken port fails now, not after loading
     console = Console(stderr=True)
     llm, name = open_llm(args, console)
     name = args.served_model_name or name
+    code = 0
     try:
-        app = build_app(llm, model_name=name, max_pending=args.max_pending)
+        app = build_app(llm, model_name=name, max_pending=args.max_pending, config=config)
         host, port = sock.getsockname()[:2]
         console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (TP={args.tp}, strategy "
-                      f"{llm.info.strategy}, {llm.info.kv_tokens:,} KV tokens); Ctrl-C stops")
-        serve_forever(app, sock, args.log_level)
-    except KeyboardInterrupt:                   # uvicorn re-raises Ctrl-C after its graceful shutdown
+                      f"{llm.info.strategy}, {llm.info.kv_tokens:,} KV tokens"
+                      f"{', API key required' if config.api_key else ''}); Ctrl-C stops")
+        code = serve_forever(app, sock, args.log_level)
+    except KeyboardInterrupt:                   # a Ctrl-C before the server started
         pass
     finally:
         llm.close()
-    return 0
+    return code
 
 
 # -- chat -------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP app: /v1/chat/completions, /v1/completions, /v1/models, /health,
 and /stats (what the engine holds right now: KV blocks, sampler slots, requests).
 
-Every route turns a request body into token ids and SamplingParams (`protocol`), runs it
-through the one engine loop (`AsyncEngine`), and shapes the result (`openai_format`); streaming
-answers are server-sent events ending in `data: [DONE]`. A client that disconnects, streaming
-or not, cancels its request, and the engine frees its slot and blocks at once.
+Every request passes `guard.Guard` first (Host, API key, body size and time limits). A route
+turns the body into token ids and SamplingParams off the event loop (`inputs.Preparer`), runs
+it through the one engine loop (`AsyncEngine`), and shapes the result (`openai_format`);
+streaming answers are server-sent events ending in `data: [DONE]`, every body strict JSON. A
+client that disconnects, streaming or not, cancels its request, and the engine frees its slot
+and blocks at once. On shutdown every open stream ends with an error chunk and `data: [DONE]`.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tpsample.engine.prompts import chat_prompts, normalize_prompts
-from tpsample.serve import protocol as P
 from tpsample.serve.async_engine import AsyncEngine, EngineStopped
-from tpsample.serve.errors import ModelNotFound, error_body, install_error_handlers
+from tpsample.serve.config import ServeConfig
+from tpsample.serve.errors import error_body, install_error_handlers
+from tpsample.serve.guard import Guard
+from tpsample.serve.inputs import Prepared, Preparer
 from tpsample.serve.openai_format import Formatter
 
 
@@ -46,7 +49,7 @@ class EventStream(StreamingResponse):
 
 
 def _sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -65,8 +68,11 @@ async def _cancel_on_disconnect(request: Request, coro):
     return Response(status_code=499)
 
 
-def build_app(llm, *, model_name: str, max_pending: int | None = None) -> FastAPI:
-    engine = AsyncEngine(llm, max_pending=max_pending)
+def build_app(llm, *, model_name: str, max_pending: int | None = None, config: ServeConfig | None = None) -> FastAPI:
+    config = config or ServeConfig()
+    engine = AsyncEngine(llm, max_pending=max_pending, grammar_timeout_s=config.grammar_timeout_s)
+    preparer = Preparer(engine.tokenizer, model_names=(model_name, llm.config.model),
+                        max_model_len=llm.info.max_model_len, config=config)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -75,16 +81,13 @@ def build_app(llm, *, model_name: str, max_pending: int | None = None) -> FastAP
         engine.shutdown()
 
     app = FastAPI(title="tpsample", lifespan=lifespan)
-    app.state.engine = engine
+    app.state.engine, app.state.serve_config = engine, config
+    app.add_middleware(Guard, config=config)
     install_error_handlers(app)
-
-    def check_model(req) -> None:
-        if req.model not in (None, "", model_name, llm.config.model):
-            raise ModelNotFound(f"The model `{req.model}` does not exist; this server serves `{model_name}`")
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if engine.alive else 503)
+        return Response(status_code=200 if engine.alive and not engine.draining else 503)
 
     @app.get("/stats")
     async def stats():
@@ -98,40 +101,32 @@ def build_app(llm, *, model_name: str, max_pending: int | None = None) -> FastAP
                                             "owned_by": "tpsample", "max_model_len": llm.info.max_model_len}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: P.ChatCompletionRequest, request: Request):
-        check_model(req)
-        texts, ids = chat_prompts(P.chat_messages(req.messages), engine.tokenizer)
-        return await _serve(request, req, "chat", ids[0], texts[0])
+    async def chat(request: Request):
+        job = await preparer.prepare("chat", await request.body())
+        return await _serve(request, engine, Formatter("chat", model_name, engine.tokenizer,
+                                                       return_token_ids=job.req.return_token_ids), job)
 
     @app.post("/v1/completions")
-    async def completions(req: P.CompletionRequest, request: Request):
-        check_model(req)
-        prompt = req.prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt = [prompt]                       # OpenAI: a flat list of ints is one prompt
-        texts, ids = normalize_prompts(prompt, engine.tokenizer, model_name)
-        if len(ids) != 1:
-            raise ValueError("prompt: give one prompt per request (a string or a list of token ids)")
-        return await _serve(request, req, "completion", ids[0], texts[0])
-
-    async def _serve(request: Request, req, kind: str, prompt_ids: list[int], prompt_text):
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        params = P.sampling_params(req, P.max_tokens(req, len(prompt_ids), llm.info.max_model_len))
-        guided = P.guided_decoding(req)
-        fmt = Formatter(kind, model_name, engine.tokenizer, return_token_ids=req.return_token_ids)
-        gen = engine.generate(prompt_ids, params, guided, prompt_text)
-        if req.stream:
-            try:
-                await gen.__anext__()               # accepted: a rejected request is a 400, not a stream
-            except BaseException:
-                await gen.aclose()
-                raise
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(_stream(gen, fmt, kind, len(params), len(prompt_ids), include_usage))
-        return await _cancel_on_disconnect(request, _collect(gen, fmt, prompt_ids))
+    async def completions(request: Request):
+        job = await preparer.prepare("completion", await request.body())
+        return await _serve(request, engine, Formatter("completion", model_name, engine.tokenizer,
+                                                       return_token_ids=job.req.return_token_ids), job)
 
     return app
+
+
+async def _serve(request: Request, engine: AsyncEngine, fmt: Formatter, job: Prepared):
+    """Run one prepared request: a stream of events, or (cancelled by a disconnect) one JSON body."""
+    gen = engine.generate(job.prompt_ids, job.params, job.guided, job.prompt_text)
+    if job.req.stream:
+        try:
+            await gen.__anext__()               # accepted: a rejected request is a 400, not a stream
+        except BaseException:
+            await gen.aclose()
+            raise
+        include_usage = bool(job.req.stream_options and job.req.stream_options.include_usage)
+        return EventStream(_stream(gen, fmt, fmt.kind, len(job.params), len(job.prompt_ids), include_usage))
+    return await _cancel_on_disconnect(request, _collect(gen, fmt, job.prompt_ids))
 
 
 async def _collect(gen, fmt: Formatter, prompt_ids: list[int]):
@@ -161,7 +156,9 @@ async def _stream(gen, fmt: Formatter, kind: str, n: int, prompt_len: int, inclu
             yield _sse(fmt.usage_chunk(prompt_len, completion_tokens))
         yield "data: [DONE]\n\n"
     except Exception as e:          # mid-stream failure: report it in the stream, then end it
-        yield _sse(error_body(503 if isinstance(e, EngineStopped) else 500, str(e).splitlines()[0]))
+        stopped = isinstance(e, EngineStopped)
+        yield _sse(error_body(503 if stopped else 500, (str(e).splitlines() or [type(e).__name__])[0],
+                              code="engine_stopped" if stopped else None))
         yield "data: [DONE]\n\n"
     finally:
         await gen.aclose()

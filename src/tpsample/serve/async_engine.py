@@ -7,9 +7,12 @@ Contract
 - `generate` yields (choice, StreamDelta) as tokens arrive. Whatever way it ends (finished, a
   stop string, the client disconnecting, cancellation), the choices still running are aborted,
   which frees their sampler slots and KV blocks at once.
-- Admission: at most `max_pending` choices in flight, else `Overloaded` (429); a stopped or
-  failed engine raises `EngineStopped` (503). A request the engine rejects raises its
+- Admission: at most `max_pending` choices in flight, else `Overloaded` (429); a request of
+  more choices than that could never run and is a ValueError (400). A stopped, failed or
+  draining engine raises `EngineStopped` (503). A request the engine rejects raises its
   ValueError (400). Never blocks the event loop on the engine.
+- `drain(reason)` (server shutdown): no new request is admitted and every open one ends at once
+  with `EngineStopped(reason)`. An engine that fails calls `on_failure(error)` (the server exits).
 """
 from __future__ import annotations
 
@@ -30,15 +33,18 @@ class EngineStopped(Exception):
 
 
 class _Failed:
-    def __init__(self, error: BaseException):
+    def __init__(self, error: BaseException | str):
         self.error = error
 
 
 class AsyncEngine:
-    def __init__(self, llm, *, max_pending: int | None = None):
+    def __init__(self, llm, *, max_pending: int | None = None, grammar_timeout_s: float | None = None):
         self.llm, self.tokenizer, self.info = llm, llm.tokenizer, llm.info
         self.client = llm.engine_client()
         self.max_pending = max_pending or 4 * llm.info.max_num_seqs
+        self.grammar_timeout_s = grammar_timeout_s
+        self.on_failure = None                      # called with the error once the engine failed
+        self.draining: str | None = None            # why no request is admitted any more
         self.num_pending = 0
         self._queues: dict[str, asyncio.Queue] = {}
         self._reports: list[asyncio.Future] = []
@@ -61,7 +67,12 @@ class AsyncEngine:
                     self._loop.call_soon_threadsafe(self._dispatch, events)
         except BaseException as e:          # a dead worker, a bug: fail every waiting request
             self.error = e
-            self._loop.call_soon_threadsafe(self._fail_all, e)
+            self._loop.call_soon_threadsafe(self._failed, e)
+
+    def _failed(self, error: BaseException) -> None:
+        self._fail_all(error)
+        if self.on_failure is not None:
+            self.on_failure(error)
 
     def _dispatch(self, events: list) -> None:
         for ev in events:
@@ -81,6 +92,17 @@ class AsyncEngine:
             f.set_exception(EngineStopped(f"engine stopped: {error}"))
         self._reports.clear()
 
+    def drain(self, reason: str) -> None:
+        """Admit nothing more and end every open request with EngineStopped(reason)."""
+        self.draining = reason
+        for q in set(self._queues.values()):
+            q.put_nowait(_Failed(reason))
+
+    def drain_soon(self, reason: str) -> None:
+        """`drain` from any thread or a signal handler."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.drain, reason)
+
     def shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -95,6 +117,11 @@ class AsyncEngine:
     def _admit(self, n: int) -> None:
         if not self.alive:
             raise EngineStopped("the engine is not running" + (f": {self.error}" if self.error else ""))
+        if self.draining:
+            raise EngineStopped(self.draining)
+        if n > self.max_pending:
+            raise ValueError(f"n must be at most {self.max_pending}, this server's limit of choices in flight "
+                             f"(--max-pending), got {n}")
         if self.num_pending + n > self.max_pending:
             raise Overloaded(f"{self.num_pending} requests are in flight (limit {self.max_pending}); retry later")
 
@@ -111,12 +138,13 @@ class AsyncEngine:
             self._queues[rid] = queue
         self.num_pending += len(tracked)
         try:
-            self._submit(AddRequests(tuple(NewRequest(t.req_id, t.prompt_token_ids, t.params, guided, t.index)
+            self._submit(AddRequests(tuple(NewRequest(t.req_id, t.prompt_token_ids, t.params, guided, t.index,
+                                                      grammar_timeout_s=self.grammar_timeout_s)
                                            for t in tracked)))
             while not all(t.finished for t in tracked):
                 ev = await queue.get()
                 if isinstance(ev, _Failed):
-                    raise EngineStopped(f"engine stopped: {ev.error}")
+                    raise EngineStopped(ev.error if isinstance(ev.error, str) else f"engine stopped: {ev.error}")
                 if isinstance(ev, Rejected):
                     raise ev.error
                 if isinstance(ev, Accepted):

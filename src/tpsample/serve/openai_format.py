@@ -2,11 +2,14 @@
 
 Plain dicts, shaped as OpenAI's chat.completion / chat.completion.chunk / text_completion
 objects, plus vLLM's fields: `stop_reason` on every choice, and with `return_token_ids` the
-`token_ids` of each choice and the `prompt_token_ids`.
+`token_ids` of each choice and the `prompt_token_ids`. Everything is strict JSON: a logprob
+that is not finite (-inf for a token a grammar forbids, NaN from NaN logits) is reported as
+-9999.0, as OpenAI does.
 """
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 from tpsample.engine.request import TokenLogprob
@@ -43,10 +46,18 @@ class TokenText:
         return text, list(text.encode("utf-8"))
 
 
+FLOOR_LOGPROB = -9999.0
+
+
+def finite(lp: float) -> float:
+    """A logprob JSON can carry: -inf and NaN become -9999.0."""
+    return lp if math.isfinite(lp) else FLOOR_LOGPROB
+
+
 def chat_logprobs(tt: TokenText, lps: list[TokenLogprob]) -> dict:
     def entry(tid: int, lp: float) -> dict:
         text, raw = tt.get(tid)
-        return {"token": text, "logprob": lp, "bytes": raw}
+        return {"token": text, "logprob": finite(lp), "bytes": raw}
 
     return {"content": [{**entry(lp.token_id, lp.logprob),
                          "top_logprobs": [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)]}
@@ -60,8 +71,9 @@ def completion_logprobs(tt: TokenText, lps: list[TokenLogprob], offset: int) -> 
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps], "text_offset": offsets,
-            "top_logprobs": [{tt.get(t)[0]: v for t, v in zip(lp.top_token_ids, lp.top_logprobs)} for lp in lps]}
+    return {"tokens": tokens, "token_logprobs": [finite(lp.logprob) for lp in lps], "text_offset": offsets,
+            "top_logprobs": [{tt.get(t)[0]: finite(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)}
+                             for lp in lps]}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -4,7 +4,8 @@ The fields are OpenAI's (chat completions and legacy completions) plus vLLM's sa
 extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
 `stop_token_ids`, `include_stop_str_in_output`, `return_token_ids`). Unknown fields are ignored,
 as OpenAI-compatible servers do. Every bad value ends as a `ValueError` (the app answers 400
-with the field in `param`); nothing here touches the engine.
+with the field in `param`); nothing here touches the engine. Every integer that reaches the
+engine's int64 tables is range-checked here first (`check_ranges`), so no value can fail there.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import tpsample
 from tpsample.engine.request import GuidedDecoding
 
 MAX_N = 16
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class StreamOptions(BaseModel):
@@ -78,6 +80,29 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
 
 
+def _in_range(value: int | None, name: str, lo: int, hi: int, hi_text: str | None = None) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi_text or hi}], got {value}")
+
+
+def check_ranges(req: _Sampling) -> None:
+    """Every integer field within what the engine stores (int64), before anything is built."""
+    _in_range(req.n, "n", 1, MAX_N)
+    for name in ("max_tokens", "max_completion_tokens"):
+        _in_range(getattr(req, name, None), name, 1, INT64_MAX, "2**63 - 1")
+    _in_range(req.min_tokens, "min_tokens", 0, INT64_MAX, "2**63 - 1")
+    _in_range(req.top_k, "top_k", -1, INT64_MAX, "2**63 - 1")
+    if req.seed is not None:            # choice i uses seed + i
+        _in_range(req.seed, "seed", INT64_MIN, INT64_MAX - (req.n - 1), f"2**63 - {req.n}")
+    for name in ("logprobs", "top_logprobs", "best_of"):
+        value = getattr(req, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            _in_range(value, name, 0, INT64_MAX, "2**63 - 1")
+    bad = [tid for tid in req.stop_token_ids or () if not 0 <= tid <= INT64_MAX]
+    if bad:
+        raise ValueError(f"stop_token_ids must be token ids in [0, 2**63 - 1], got {bad[0]}")
+
+
 def check_unsupported(req: _Sampling) -> None:
     if isinstance(req, CompletionRequest):
         if req.echo:
@@ -102,9 +127,13 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if bias is None:
         return None
     try:
-        return {int(k): float(v) for k, v in bias.items()}
+        out = {int(k): float(v) for k, v in bias.items()}
     except ValueError:
         raise ValueError("logit_bias keys must be token ids (strings of integers)") from None
+    bad = [tid for tid in out if not 0 <= tid <= INT64_MAX]
+    if bad:
+        raise ValueError(f"logit_bias must be keyed by token ids in [0, 2**63 - 1], got {bad[0]}")
+    return out
 
 
 def max_tokens(req: _Sampling, prompt_len: int, max_model_len: int) -> int:
@@ -112,13 +141,15 @@ def max_tokens(req: _Sampling, prompt_len: int, max_model_len: int) -> int:
     room = max_model_len - prompt_len
     if room < 1:
         raise ValueError(f"the prompt has {prompt_len} tokens; this model's context is {max_model_len}")
-    wanted = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    name, wanted = "max_completion_tokens", getattr(req, "max_completion_tokens", None)
+    if wanted is None:                      # 0 is a value (a 400), not "left out"
+        name, wanted = "max_tokens", req.max_tokens
     if wanted is None:
         return room
     if wanted < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {wanted}")
+        raise ValueError(f"{name} must be >= 1, got {wanted}")
     if wanted > room:
-        raise ValueError(f"max_tokens={wanted} plus the prompt's {prompt_len} tokens exceed this model's "
+        raise ValueError(f"{name}={wanted} plus the prompt's {prompt_len} tokens exceed this model's "
                          f"context of {max_model_len} tokens")
     return wanted
 
@@ -126,6 +157,7 @@ def max_tokens(req: _Sampling, prompt_len: int, max_model_len: int) -> int:
 def sampling_params(req: _Sampling, num_max_tokens: int) -> list[tpsample.SamplingParams]:
     """One SamplingParams per choice; with a seed and n > 1, choice i uses seed + i (as vLLM)."""
     check_unsupported(req)
+    check_ranges(req)
     base = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                 repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
@@ -158,6 +190,10 @@ def chat_messages(messages: list[dict]) -> list[dict]:
         if isinstance(content, list):
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
                 raise ValueError(f"messages[{i}]: only text content parts are supported")
+            bad = [j for j, p in enumerate(content) if not isinstance(p.get("text", ""), str)]
+            if bad:
+                raise ValueError(f"messages[{i}].content[{bad[0]}].text must be a string, got "
+                                 f"{type(content[bad[0]]['text']).__name__}")
             content = "".join(p.get("text", "") for p in content)
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string or a list of text parts")

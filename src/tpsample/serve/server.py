@@ -1,11 +1,30 @@
 """Running the app: in the foreground (`tpsample serve`) or in a background thread on a port the
 OS picks (tests, `tpsample bench serve`). The socket is bound before uvicorn starts, so the port
-is never guessed or hard-coded."""
+is never guessed or hard-coded.
+
+Contract
+- `serve_forever` runs until SIGINT or SIGTERM, or until the engine fails. Then it stops
+  accepting, ends every open stream at once with an error chunk and `data: [DONE]` (requests
+  not streamed get a 503), waits at most `timeout_shutdown_s` for connections to close, stops the
+  engine loop, and returns the exit code: 0 after a signal, 1 after an engine failure. It does
+  not re-raise the signal, so the caller can stop the workers before the process exits; a
+  second SIGINT skips the wait.
+- Connections: `timeout_keep_alive_s` for idle kept-alive ones, `timeout_header_s` for a
+  request's headers (`connection`), `timeout_body_s` and the size limit for its body (`guard`).
+"""
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
 import socket
 import threading
 import time
+
+from tpsample.serve.config import ServeConfig
+
+log = logging.getLogger("tpsample.serve")
+MAX_HEADER_BYTES = 16 * 1024                # a request line and headers above this are a 400 (h11)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -23,14 +42,62 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _server(app, sock: socket.socket, log_level: str):
+    import json
+
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30, access_log=log_level == "info")
-    return uvicorn.Server(config)
+    from tpsample.serve.connection import header_deadline_protocol
+    from tpsample.serve.errors import error_body
+
+    config: ServeConfig = app.state.serve_config
+    late = json.dumps(error_body(408, f"the request headers did not arrive within {config.timeout_header_s:g} s "
+                                      "(--timeout-header)", code="request_timeout")).encode()
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that ends open streams on a signal and does not re-raise it."""
+
+        exit_code = 0
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            app.state.engine.drain_soon("the server is shutting down")
+
+        def engine_failed(self, error: BaseException) -> None:
+            log.error("the engine stopped (%s); shutting the server down", str(error).splitlines()[0])
+            self.exit_code, self.should_exit = 1, True
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    uv = uvicorn.Config(app, log_level=log_level, access_log=log_level == "info",
+                        http=header_deadline_protocol(config.timeout_header_s, late),
+                        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                        timeout_keep_alive=config.timeout_keep_alive_s,
+                        timeout_graceful_shutdown=config.timeout_shutdown_s)
+    server = Server(uv)
+    app.state.bound_host = sock.getsockname()[0]
+    app.state.engine.on_failure = server.engine_failed
+    return server
 
 
-def serve_forever(app, sock: socket.socket, log_level: str = "info") -> None:
-    _server(app, sock, log_level).run(sockets=[sock])
+def serve_forever(app, sock: socket.socket, log_level: str = "info") -> int:
+    """Serve until a signal (exit code 0) or an engine failure (1); see the module contract."""
+    server = _server(app, sock, log_level)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        app.state.engine.shutdown()             # already done, unless a second Ctrl-C cut the shutdown short
+    return server.exit_code
 
 
 class BackgroundServer:
