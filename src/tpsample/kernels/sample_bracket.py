@@ -13,7 +13,7 @@ sum of exp(l - m)):
   split) and an exact count histogram of the entries in [lo, m] over NBH bins uniform in value,
   bin(l) = min(floor((l - lo) * inv), NBH - 1) in fp32 (monotone in l, so bins are value
   intervals); global atomics, only for entries in range.
-- `bracket`: from the counts, bounds of the mass above each bin (count x exp of the bin's edges,
+- `bracket` (bracket_kernel, one program per row): from the counts, bounds of the mass above each bin (count x exp of the bin's edges,
   with margins) against the exact target p * S give the bins that surely hold kept entries and
   those that surely do not; v* lies in the bins between (the bracket), whose count is exact.
 - round (pass 3, `collect_bracket`): the bracket's entries become candidates (key, column);
@@ -121,6 +121,19 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
             if tl.sum(inr.to(tl.int32), axis=0) > 0:
                 tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
         tl.store(p_mass + part, s_part)
+
+
+@triton.jit
+def bracket_kernel(p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last, st_count,
+                   NSPLIT: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr):
+    """The bracket of each BRACKET row, once (the collect programs and the finish read it)."""
+    row = tl.program_id(0)
+    if tl.load(st_stage + row) == BRACKET:
+        first, last, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), tl.load(st_m + row),
+                                     _target(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, CAP, NBH)
+        tl.store(st_first + row, first)
+        tl.store(st_last + row, last)
+        tl.store(st_count + row, count)
 
 
 @triton.jit

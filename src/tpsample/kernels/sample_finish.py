@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel
-from .sample_bracket import _target, bracket, resolve_bracket
+from .sample_bracket import resolve_bracket
 from .sample_state import (
     BRACKET,
     COLLECT,
@@ -178,11 +178,9 @@ def _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv,
 @triton.jit
 def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags, st_token, st_valid,
                    st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, p_cnt,
-                   p_best_v, p_best_i, st_hlo, st_hinv, hist_ptr, fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr,
-                   SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr,
-                   EXACT_EXP: tl.constexpr):
-    _, _, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), m,
-                          _target(p, p_mass, row, NSPLIT), scale, CAP, NBH)
+                   p_best_v, p_best_i, st_count, fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr,
+                   SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+    count = tl.load(st_count + row)
     ok = count <= CAP
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
@@ -209,9 +207,9 @@ def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_
 def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                 st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                 st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr, fallbacks,
+                p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
                 NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, NBH: tl.constexpr):
+                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
     """The row's step after a round; returns its new stage (DONE when its token is written)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
@@ -265,8 +263,8 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
         tl.store(cand_n + row, 0)
         stage = _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags,
                                st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
-                               cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_hlo, st_hinv, hist_ptr,
-                               fallbacks, NSPLIT, CAP, SMALL, P, NB, NBH, EXACT_EXP)
+                               cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_count, fallbacks, NSPLIT, CAP,
+                               SMALL, P, NB, EXACT_EXP)
     tl.store(st_stage + row, stage)
     return stage
 
@@ -275,14 +273,14 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
 def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                   st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                   st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_hlo, st_hinv, hist_ptr,
-                  fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, NBH: tl.constexpr):
+                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_count, fallbacks,
+                  NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
     row = tl.program_id(0)
     stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                         st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                         st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
-                        p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, hist_ptr, fallbacks,
-                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, NBH)
+                        p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES)
     if stage != DONE:
         tl.atomic_add(pending, 1)

@@ -1,7 +1,7 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits), only when some row has top-p without top-k], one round [round_kernel
+(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k], one round [round_kernel
 (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p, drain_kernel
 (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
@@ -17,15 +17,16 @@ import torch
 
 from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, fallback_counter, num_splits
 from .launcher import Launcher, stream_scratch
-from .sample_bracket import hist_kernel
+from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
 
-SCAN, SELECT, HIST, ROUND, FINISH, DRAIN = (Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, round_kernel,
-                                                                 finish_kernel, drain_kernel))
+SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
+                          drain_kernel))
 
 
 class Workspace:
@@ -43,7 +44,8 @@ class Workspace:
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
                   ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
-                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32)]
+                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
+                  ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -128,21 +130,23 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv,
                  ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, NBH=cfg.hist_bins,
                  EXACT_EXP=exact_exp, num_warps=nw)
+            BRACKET.at(site, (rows,), p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst, ws.blast,
+                       ws.bcount, NSPLIT=splits, CAP=cfg.cap, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-              ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, p, ws.hlo, ws.hinv, ws.hist,
+              ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount,
               NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
               NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=nw)
         FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
-               ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.hist, fallbacks,
+               ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-               EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
+               EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
-                  ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.hist, fallbacks,
+                  ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount, fallbacks,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
                   NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, NBH=cfg.hist_bins,
                   num_warps=cfg.row_warps)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import _target, bracket, collect_bracket
+from .sample_bracket import collect_bracket
 from .sample_scan import fp32_nonan, noise_bound
 from .sample_state import BRACKET, COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
 from .tlutil import (
@@ -120,19 +120,16 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
 
 
 @triton.jit
-def _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, m,
-                  st_hlo, st_hinv, hist_ptr, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass,
-                  NSPLIT: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr,
-                  EXACT_EXP: tl.constexpr):
-    lo = tl.load(st_hlo + row)
-    inv = tl.load(st_hinv + row)
-    first, last, count = bracket(hist_ptr, row, lo, inv, m, _target(tl.load(p_ptr + row), p_mass, row, NSPLIT),
-                                 scale, CAP, NBH)
-    if count <= CAP:
+def _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
+                  st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt,
+                  BLOCK: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr):
+    if tl.load(st_count + row) <= CAP:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
-        m_above, v, i = collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m, scale, one,
-                                        k0, k1, col_offset, cand_key, cand_id, cand_n, CAP, BLOCK, NBH, EXACT_EXP)
+        m_above, v, i = collect_bracket(x_ptr, row_off, t, start, end, row, tl.load(st_hlo + row),
+                                        tl.load(st_hinv + row), tl.load(st_first + row), tl.load(st_last + row), m,
+                                        scale, one, k0, k1, col_offset, cand_key, cand_id, cand_n, CAP, BLOCK, NBH,
+                                        EXACT_EXP)
         tl.store(p_cnt + part, m_above)
         tl.store(p_best_v + part, v)
         tl.store(p_best_i + part, i)
@@ -142,7 +139,7 @@ def _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key
 def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               p_ptr, st_hlo, st_hinv, hist_ptr,
+               st_hlo, st_hinv, st_first, st_last, st_count,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
                NBH: tl.constexpr):
@@ -179,16 +176,17 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
             tl.store(p_mgt + part * P + tl.arange(0, P), mgt)
             tl.store(p_hist + part * NB + tl.arange(0, NB), hist)
         if ((STAGES & 8) != 0) & (stage == BRACKET):
-            _bracket_pass(row, part, x_ptr, row_off, t, start, end, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
-                          one, m, st_hlo, st_hinv, hist_ptr, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt,
-                          p_mass, NSPLIT, BLOCK, CAP, NBH, EXACT_EXP)
+            _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
+                          st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
+                          p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                  st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                  cand_key, cand_id, cand_n,
-                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, p_ptr, st_hlo, st_hinv, hist_ptr,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_hlo, st_hinv, st_first,
+                 st_last, st_count,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
                  NBH: tl.constexpr):
@@ -201,4 +199,4 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               p_ptr, st_hlo, st_hinv, hist_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)
+               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)
