@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 
+from .capture import CapturedStep
+from .parallel.plan import SamplingPlan
 from .parallel.shard import vocab_shard
 from .params import SamplingParams
 from .sampler import Sampler, StepStats
@@ -20,8 +22,8 @@ _LAZY = {   # name -> module that defines it (imported on first access)
     "GuidedDecoding": "tpsample.engine.request",
 }
 
-__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "vocab_shard",
-           "LLM", "RequestOutput", "GuidedDecoding"]
+__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "SamplingPlan",
+           "CapturedStep", "vocab_shard", "LLM", "RequestOutput", "GuidedDecoding"]
 
 
 def __getattr__(name: str):

@@ -28,21 +28,6 @@ CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def add_bench_kernels_args(p) -> None:
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 256, 1024])
-    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936])
-    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--shapes", nargs="+", default=["randn", "zipf"], choices=["randn", "zipf"])
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="rows 1 and 256, vocab 151936, fp32 only")
-    p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
-    p.add_argument("--gpu-time", action="store_true",
-                   help="also report the kernels' device time alone (torch.profiler; on with --quick)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-
-
 def make_logits(shape: str, rows: int, vocab: int, dtype, device) -> torch.Tensor:
     gen = torch.Generator(device=device).manual_seed(rows * 7 + vocab)
     if shape == "randn":

@@ -1,8 +1,9 @@
 """The fused Triton path for full rows on CUDA (the kernels in `tpsample.kernels`).
 
 `try_fast_path` returns a `RowResult` when the rows are whole on this rank (LocalRows), live on a
-CUDA device with Triton, and need neither draft verification nor logprobs; otherwise None and the
-caller runs the torch pipeline. Steps 2-5 (sparse processors) run in torch on an fp32 copy
+CUDA device with Triton, and need neither draft verification nor processed logprobs (raw
+logprobs come from the kernels); otherwise None and the caller runs the torch pipeline (with
+`force`, every row is drawn and the caller replaces the slow rows' results). Steps 2-5 (sparse processors) run in torch on an fp32 copy
 when a row uses them; steps 6-10 and the guard run in the kernels, which read the logits once
 per pass, upcast per block, and allocate only O(rows x bins) workspace. Which code the kernels
 compile and run is decided from the batch's host-side parameters: no device read, no sync.

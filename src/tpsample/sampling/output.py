@@ -207,14 +207,6 @@ class SamplerOutput:
         """[num_reqs, max_rows] int64 on the logits' device (no wait)."""
         return self.device_block[:, : self.max_rows]
 
-    @property
-    def device_num_sampled(self) -> torch.Tensor:
-        return self.device_block[:, self.max_rows]
-
-    def is_ready(self) -> bool:
-        """True when the host fields can be read without waiting."""
-        return self._np is not None or self._ready is None or self._ready.query()
-
     def tokens(self, i: int) -> list[int]:
         """The tokens request i emitted this step."""
         b = self._host_block()

@@ -36,10 +36,6 @@ class Packet:
         self._words.append(w)
         return len(self._fields) - 1
 
-    @property
-    def num_words(self) -> int:
-        return sum(n for _, _, n in self._fields)
-
     def gather(self, red) -> list[torch.Tensor]:
         """One collective; field i comes back as [parts, *shape_i] in its dtype."""
         flat = torch.cat(self._words) if self._words else torch.zeros(0, dtype=torch.int32)

@@ -146,7 +146,9 @@ def mask_nans(l: torch.Tensor, chunks) -> torch.Tensor:
 
 
 def apply_token_processors(l: torch.Tensor, b, col_start: int) -> None:
-    """Steps 3-5 in order: allowed ids, logit bias, banned ids (min_tokens, bad words), penalties."""
+    """Steps 3-5: allowed ids, logit bias, banned ids (min_tokens, bad words), then penalties.
+    Banning before the penalties gives the semantics' row (penalties before bad words): every
+    penalty keeps -inf at -inf."""
     apply_allowed(l, b.allowed, col_start)
     apply_bias(l, b.bias, col_start)
     apply_banned(l, b.banned, col_start)
