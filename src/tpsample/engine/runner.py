@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import tpsample
+from tpsample.kernels.config import kernels_wanted
 from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
@@ -39,13 +40,8 @@ from tpsample.model import (
 
 
 def kernels_usable(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """The engine's kernels (attention, model ops): CUDA with Triton only."""
+    return kernels_wanted(device, cpu_ok=False)
 
 
 class ModelRunner:

@@ -57,6 +57,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def kernels_wanted(device, *, cpu_ok: bool = True) -> bool:
+    """The one gate for every kernel path: CUDA with Triton, or (cpu_ok) CPU when both
+    TPSAMPLE_KERNELS_ON_CPU=1 and TRITON_INTERPRET=1, which is how the CPU tests run the sampling
+    kernels. The engine's kernels (attention, model ops) pass cpu_ok=False: CUDA only."""
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if kind == "cuda":
+        return _cuda_triton()
+    return cpu_ok and kind == "cpu" and os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1" and kernels_available(kind)
+
+
 def kernels_available(device) -> bool:
     """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type

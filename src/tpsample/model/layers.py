@@ -13,18 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpsample.kernels.config import kernels_wanted
 from tpsample.model.config import RopeConfig
 
 
 def use_kernels(x: torch.Tensor) -> bool:
     """The fused Triton kernels serve CUDA tensors; CPU tensors take the torch code."""
-    if not x.is_cuda:
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return kernels_wanted(x.device, cpu_ok=False)
 
 
 class RMSNorm(nn.Module):

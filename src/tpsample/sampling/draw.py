@@ -6,11 +6,11 @@ reducer's `argmax_pair` (largest value, ties -> lowest global id). The noise dep
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
+from ..kernels.config import kernels_wanted
 from ..noise import SALT_DRAW, gumbel_noise
 from ..numerics import NEG_INF, kept_mask
 from .filters import row_chunks
@@ -70,13 +70,10 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
 
 def _shard_gumbel_kernel(l: torch.Tensor):
     """The Triton Gumbel-argmax kernel when it can run on l's device, else None."""
-    if not (l.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1") or l.stride(1) != 1:
+    if l.stride(1) != 1 or not kernels_wanted(l.device):
         return None
-    try:
-        from ..kernels.dispatch import kernels_available, shard_gumbel_argmax
-    except ImportError:
-        return None
-    return shard_gumbel_argmax if kernels_available(l.device) else None
+    from ..kernels.dispatch import shard_gumbel_argmax
+    return shard_gumbel_argmax
 
 
 def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:

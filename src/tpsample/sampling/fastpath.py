@@ -11,10 +11,9 @@ The kernels implement the same thresholds and noise, so tokens equal the torch p
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..kernels.config import kernels_wanted
 from ..noise import SALT_DRAW
 from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch
@@ -24,9 +23,8 @@ from .result import RowResult
 
 
 def _wanted(x: torch.Tensor) -> bool:
-    """CUDA tensors; CPU ones only when asked (TPSAMPLE_KERNELS_ON_CPU=1 with TRITON_INTERPRET=1,
-    which is how CI tests this path)."""
-    return x.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"
+    """The kernels' gate (`kernels.config.kernels_wanted`) for x's device."""
+    return kernels_wanted(x.device)
 
 
 def hints_from_host(host: HostRows, vocab_size: int):
@@ -62,12 +60,7 @@ def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, dr
         return None
     if x.stride(1) != 1:
         return None
-    try:
-        from ..kernels.dispatch import kernels_available, sample_rows
-    except ImportError:
-        return None
-    if not kernels_available(x.device):
-        return None
+    from ..kernels.dispatch import sample_rows
     l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
     if b.uses_processors or bitmask is not None:
         from ..kernels.row_prep import prep_rows_

@@ -7,6 +7,7 @@ import os
 import torch
 
 from .. import noise
+from ..kernels.config import kernels_wanted
 
 _OK: dict = {}
 
@@ -22,13 +23,7 @@ def _kernel_ok(t: torch.Tensor) -> bool:
 
 
 def _kernel_ok_now(t: torch.Tensor) -> bool:
-    if not (t.is_cuda or os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1"):
-        return False
-    try:
-        from ..kernels.dispatch import kernels_available
-    except ImportError:
-        return False
-    return kernels_available(t.device)
+    return kernels_wanted(t.device)
 
 
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
