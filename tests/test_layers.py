@@ -17,7 +17,7 @@ LAYERS = [
     {"state"},
     {"sampling"},
     {"parallel"},
-    {"sampler", "capture", "autograph", "__init__"},
+    {"sampler", "capture", "autograph", "step", "ops", "__init__"},
     {"model", "testing"},
     {"engine"},
     {"llm"},

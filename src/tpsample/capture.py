@@ -34,6 +34,7 @@ from .parallel.registry import STRATEGIES
 from .sampling.keys import append_kernel
 from .sampling.output import ReplayResults, SamplerOutput
 from .state.columns import F_STOPS, FLAGS, MIN_TOKENS, NUM_LP, PROCESSED
+from .step import run_step
 
 
 def check_capturable(sampler, plan) -> None:
@@ -134,9 +135,7 @@ class CapturedStep:
 
     def _record(self) -> None:
         """The step the graph holds: sample, append to the history, copy the results out."""
-        plan, m = self.plan, self.plan.max_rows
-        res = STRATEGIES[plan.strategy].sample(self.logits, plan, self._ctx())
-        self.sampler.store.append(self._slots_dev, res.block[:, :m], res.block[:, m], self._append)
+        res = run_step(self.logits, self.plan, self._ctx(), self._slots_dev, self._append)
         self._results.bind(res.block, res.logprobs)
         self._results.fill()
         self.block = res.block

@@ -41,6 +41,7 @@ from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
 from .state.columns import NUM_LP
 from .state.store import RequestStore, derive_seed
+from .step import run_step
 from .validation import (
     check_bitmask,
     check_device,
@@ -243,17 +244,14 @@ class Sampler:
                           draft_probs=draft_probs, inplace=self.inplace_logits)
         base = self._start_profile(dev)
         before = comm.stats.num_collectives
-        result = STRATEGIES[plan.strategy].sample(local_logits, plan, ctx)
+        result = run_step(local_logits, plan, ctx, plan.device_array("slots", plan.slots, dev), self._append[1])
         rounds = comm.stats.num_collectives - before
-        m = plan.max_rows
-        slots_dev = plan.device_array("slots", plan.slots, dev)
-        store.append(slots_dev, result.block[:, :m], result.block[:, m], self._append[1])
         store.history.note_step(plan.slots, plan.rows_per_req)
         peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
         self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
                                     comm.stats.num_collectives, int(peak),
                                     local_logits.numel() * local_logits.element_size(), rounds, ctx.exact_rows)
-        return SamplerOutput(result.block, m, result.logprobs)
+        return SamplerOutput(result.block, plan.max_rows, result.logprobs)
 
     def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
         """Record a decode step of `sample` (no drafts, grammar mask or processed logprobs) for
