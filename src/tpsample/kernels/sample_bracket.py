@@ -30,8 +30,8 @@ import triton.language as tl
 
 from .rng_triton import gumbel, gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, noise_bound
-from .sample_state import BRACKET
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, fexp, key_to_float, mass, min_key_mass_below, order_key, pair_max
+from .sample_state import BRACKET, append_candidates
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, fexp, key_to_float, mass, min_key_mass_below, pair_max
 
 
 @triton.jit
@@ -155,13 +155,7 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
         b = bin_of(l, lo, inv, NBH)
         sel = inr & (b >= first) & (b <= last)
         above = inr & (b > last)
-        nsel = tl.sum(sel.to(tl.int32), axis=0)
-        if nsel > 0:
-            base = tl.atomic_add(cand_n + row, nsel)
-            pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
-            ok = sel & (pos < CAP)
-            tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
-            tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+        append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP)
         if tl.sum(above.to(tl.int32), axis=0) > 0:
             m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
             u = uniform_bits(k0, k1, cols + col_offset)

@@ -20,7 +20,7 @@ import triton.language as tl
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_bracket import collect_bracket
 from .sample_scan import fp32_nonan, noise_bound
-from .sample_state import BRACKET, COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP
+from .sample_state import BRACKET, COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP, append_candidates
 from .tlutil import (
     BIG_ID32,
     KEY_POS_INF,
@@ -52,13 +52,7 @@ def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scal
         xr = xr_next
         elig = l >= t_lo                  # l >= v(tkey) <=> key >= tkey (and -inf never qualifies)
         sel = (l >= w_lo) & tl.where(no_hi, l >= NEG_INF, l < w_hi)     # klo <= key <= khi, as value bounds
-        nsel = tl.sum(sel.to(tl.int32), axis=0)
-        if nsel > 0:
-            base = tl.atomic_add(cand_n + row, nsel)
-            pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
-            ok = sel & (pos < CAP)
-            tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
-            tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+        append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP)
         if need_s:
             s_part += tl.sum(tl.where(elig, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
     return s_part

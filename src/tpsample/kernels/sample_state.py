@@ -64,3 +64,17 @@ def start_search(row, topp_phase, tkey, m, st_flags, st_tkey, st_klo, st_khi, st
 def eligible_key(t1):
     """Smallest key an entry needs: key(t1), and above key(-inf) always (-inf is never kept)."""
     return tl.maximum(order_key(t1).to(tl.int64), KEY_NEG_INF + 1)
+
+
+@triton.jit
+def append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP: tl.constexpr):
+    """Append the block's selected entries (key, column) to the row's candidate list through its
+    atomic counter (order does not matter: the finish sorts); entries past CAP are counted, not
+    stored, so the finish sees the overflow."""
+    nsel = tl.sum(sel.to(tl.int32), axis=0)
+    if nsel > 0:
+        base = tl.atomic_add(cand_n + row, nsel)
+        pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
+        ok = sel & (pos < CAP)
+        tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
+        tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
