@@ -7,6 +7,8 @@ Contract:
   parser(s) (class `args.Parser`) and sets two defaults: `check(args)`, which validates
   everything it can before any work starts, and `run(args) -> int`. Adding a command is that
   module plus its name in `COMMANDS`.
+- A command whose install extra is missing (`extras.NEEDS`) is refused the same way, after
+  parsing and before its check: one line naming the extra to install, exit 2.
 - A user mistake (a bad option value, a failed check, a `ValueError` raised by validation
   anywhere under a command) prints one line, `tpsample: error: ...`, on stderr and exits 2.
   Internal errors keep their tracebacks. Ctrl-C exits 130 with one line.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from . import extras
 from .args import Parser, UsageError
 
 COMMANDS = ("demo", "generate", "serve", "bench")
@@ -39,6 +42,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     quiet_third_party()
     try:
+        extras.require(extras.command_name(args))
         args.check(args)
         return int(args.run(args) or 0)
     except (UsageError, ValueError) as exc:
