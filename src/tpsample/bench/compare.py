@@ -14,7 +14,8 @@ per call, which the sampler's auto_graph replays from a graph after a few identi
 eager over a new buffer every call (`tpsample eager, new buffer`: never replayed, the launch
 path's own cost; not for the in-place penalties case, which is never replayed), and as the same
 step captured once with `Sampler.capture` and replayed (`tpsample graph`, what an engine that
-graphs its decode step pays). Prints a table and ends with one JSON line.
+graphs its decode step pays). Prints a table, writes the plot (`--plot`: `plots.plot_compare`)
+and ends with one JSON line.
 """
 from __future__ import annotations
 
@@ -277,4 +278,10 @@ def main(args) -> None:
         table.add_row(r["case"], str(r["rows"]), r["impl"], f"{r['wall_us']:.0f}", f"{r['device_us']:.0f}",
                       f"{r['host_us']:.0f}", f"{r['extra_mib']:.2f}")
     Console().print(table)
+    if getattr(args, "plot", None):
+        from .plots import plot_compare
+
+        plot_compare(results, args.plot, title=f"one sampling call until the tokens are on the host (median wall "
+                                               f"time), vocab {results[0]['vocab']:,}, {torch.cuda.get_device_name()}")
+        print(f"plot: {args.plot}")
     print(json.dumps({"bench": "sampler_compare", "device": torch.cuda.get_device_name(), "results": results}))

@@ -239,20 +239,7 @@ def _auto_table(results):
 
 
 def plot(results: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows, vocab = max(r["rows"] for r in results), max(r["vocab"] for r in results)
-    sel = [r for r in results if r["rows"] == rows and r["vocab"] == vocab and r["strategy"] != "auto"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for strategy in sorted({r["strategy"] for r in sel}):
-        pts = sorted((r["tp"], r["peak_bytes"] / 2**20, r["bytes"] / 2**20) for r in sel if r["strategy"] == strategy)
-        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=strategy)
-        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=strategy)
-    axes[0].set(xlabel="TP", ylabel="sampler peak per rank (MiB)", title=f"memory, {rows} x {vocab}")
-    axes[1].set(xlabel="TP", ylabel="bytes sent+received per rank (MiB)", title="communication")
-    for ax in axes:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    """Per-rank peak sampler memory and bytes moved against TP per strategy (`plots.plot_tp`)."""
+    from .plots import plot_tp
+
+    plot_tp(results, path)

@@ -61,7 +61,9 @@ def _sampler_parser(what) -> None:
                    help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled)")
     p.add_argument("--threads", metavar="N", type=int_at_least(1), default=1,
                    help="torch threads per rank, the same at every TP (TP = 1 included)")
-    p.add_argument("--plot", metavar="PATH", default="bench_sampler.png", help="PNG path for the plot ('' to skip)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="PNG path for the plot, '' to skip (default: bench_sampler.png, with --compare "
+                        "bench_sampler_compare.png)")
     p.add_argument("--compare", action="store_true",
                    help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
                         "call as an engine sees it (uses --rows, the first --vocab, --steps as iterations)")
@@ -71,14 +73,16 @@ def _sampler_parser(what) -> None:
 
 
 def _check_sampler(args) -> None:
+    if args.plot is None:
+        args.plot = "bench_sampler_compare.png" if args.compare else "bench_sampler.png"
+    if args.plot:
+        check_writable_file(args.plot, "--plot")
     if args.compare:
         check_device("cuda", "--compare")
         return
     check_device(args.device)
     if max(args.tp) > min(args.vocab):
         raise ValueError(f"--tp {max(args.tp)} exceeds --vocab {min(args.vocab)}: every rank needs a vocabulary shard")
-    if args.plot:
-        check_writable_file(args.plot, "--plot")
 
 
 def _run_sampler(args) -> int:
