@@ -1,7 +1,8 @@
 """tpsample: exact sampling for tensor-parallel LLM decoding.
 
 `import tpsample` loads the sampler only. The engine (`LLM`, `RequestOutput`, `GuidedDecoding`)
-and its dependencies (safetensors, transformers, xgrammar) load on first use of those names.
+and its dependencies (safetensors, transformers, xgrammar) load on first use of those names, and
+the stateless ops (`tpsample.ops`, which register torch.library ops) on first use of `ops`.
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ _LAZY = {   # name -> module that defines it (imported on first access)
     "LLM": "tpsample.llm",
     "RequestOutput": "tpsample.engine.request",
     "GuidedDecoding": "tpsample.engine.request",
+    "ops": "tpsample.ops",                 # a module: the name is the module itself
 }
 
 __all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "SamplingPlan",
-           "CapturedStep", "vocab_shard", "LLM", "RequestOutput", "GuidedDecoding"]
+           "CapturedStep", "vocab_shard", "LLM", "RequestOutput", "GuidedDecoding", "ops"]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
         globals()[name] = value            # later lookups skip this hook
         return value
     raise AttributeError(f"module 'tpsample' has no attribute {name!r}")

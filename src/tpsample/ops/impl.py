@@ -1,0 +1,114 @@
+"""The ops' bodies over tensors and ints only (what the torch.library ops run; no validation).
+
+Contract (arguments already checked by the public wrappers in `ops.api` / `ops.processors`):
+- `sample_impl`: per-row tensors (temperature, top-k, top-p, min-p as given, seeds, positions)
+  -> `run.sample_full`'s six tensors. Normalises as the Sampler stores a request, reads the rows'
+  parameters on the host only where the torch pipeline decides from them (CPU tensors: free; a
+  device: one copy), else hands the kernels the caller's hints (`hints` bits, -1: all on).
+- the processors return a new fp32 `[rows, cols]` copy of the logits (contiguous) with the
+  Sampler's processor applied (`sampling.processors`), columns `[col_start, col_start + cols)`
+  of the vocabulary: a full row (0) or a TP shard. Nothing is communicated.
+- `logprobs_impl`: `row_logprobs` (torch, any reducer) or, for full rows on a kernel device, the
+  one-pass statistics kernel the Sampler's raw logprobs use; no `[rows, V]` logprob tensor.
+Never imports the Sampler or the engine.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..numerics import NEG_INF
+from ..sampling import processors as P
+from ..sampling.filters import row_chunks
+from ..sampling.logprobs import finite_logprobs, row_logprobs
+from ..sampling.reducer import LocalRows
+from ..state.rowbatch import PaddedRows, PenaltyRows
+from .args import normalise
+from .run import kernel_path, needs_host_values, sample_full
+from .table import RowTable
+
+
+def host_params(temperature, top_k, top_p, min_p) -> dict:
+    """The normalised parameters as numpy, in one device read (fp64 holds each exactly)."""
+    both = torch.stack([temperature.double(), top_k.double(), top_p.double(), min_p.double()]).cpu().numpy()
+    return {"temperature": both[0].astype(np.float32), "top_k": both[1].astype(np.int64),
+            "top_p": both[2].astype(np.float32), "min_p": both[3].astype(np.float32)}
+
+
+def sample_impl(logits, temperature, top_k, top_p, min_p, seeds, positions, bitmask: Optional[torch.Tensor],
+                num_logprobs: int, processed: bool, hints: int):
+    dev, vocab = logits.device, logits.shape[1]
+    t = temperature.to(dev, torch.float32)
+    k, p, m = normalise(t, top_k.to(dev, torch.int64), top_p.to(dev, torch.float32), min_p.to(dev, torch.float32),
+                        vocab)
+    host = None
+    if dev.type == "cpu" or needs_host_values(logits, processed and num_logprobs >= 0, 1):
+        host = host_params(t, k, p, m)
+    table = RowTable.build(t, k, p, m, seeds.to(dev, torch.int64), positions.to(dev, torch.int64),
+                           num_logprobs=num_logprobs, processed=processed, vocab_size=vocab, host=host, hints=hints)
+    width = num_logprobs + 1 if num_logprobs >= 0 else 0
+    return sample_full(logits, table, None if bitmask is None else bitmask.to(dev), width)
+
+
+def fp32_copy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+
+
+def distinct_ascending(ids: torch.Tensor) -> torch.Tensor:
+    """[rows, P] token ids (-1 pads anywhere, repeats allowed) -> each row's distinct ids
+    ascending, -1 padded at the end, int32: the Sampler's per-slot prompt set."""
+    big = torch.iinfo(torch.int64).max
+    s = torch.sort(torch.where(ids < 0, big, ids.to(torch.int64)), dim=1).values
+    dup = torch.zeros_like(s, dtype=torch.bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    s = torch.sort(torch.where(dup, big, s), dim=1).values
+    return torch.where(s == big, -1, s).to(torch.int32)
+
+
+def penalties_impl(logits, output_ids, prompt_ids: Optional[torch.Tensor], repetition, frequency, presence,
+                   col_start: int) -> torch.Tensor:
+    l = fp32_copy(logits)
+    rows, dev = l.shape[0], l.device
+    idx = torch.arange(rows, device=dev)
+    table = torch.stack([repetition.to(dev, torch.float32), frequency.to(dev, torch.float32),
+                         presence.to(dev, torch.float32)])
+    prompt = None if prompt_ids is None else distinct_ascending(prompt_ids.to(dev))
+    pen = PenaltyRows(idx, idx, output_ids.to(dev, torch.int64), prompt, 0 if prompt is None else prompt.shape[1],
+                      table, (0, 1, 2))
+    P.apply_penalties(l, pen, col_start)
+    return l
+
+
+def bias_impl(logits, token_ids, values, col_start: int) -> torch.Tensor:
+    l = fp32_copy(logits)
+    idx = torch.arange(l.shape[0], device=l.device)
+    P.apply_bias(l, PaddedRows(idx, token_ids.to(l.device, torch.int64), values.to(l.device, torch.float32)),
+                 col_start)
+    return l
+
+
+def bitmask_impl(logits, bitmask, col_start: int) -> torch.Tensor:
+    l = fp32_copy(logits)
+    P.apply_bitmask(l, bitmask, col_start)
+    return l
+
+
+def logprobs_impl(logits, token_ids, top_n: int, col_start: int, red=None):
+    """(ids [R, 1 + n] int64, logprobs [R, 1 + n] fp32, ranks [R] int64) of the given tokens."""
+    red = LocalRows() if red is None else red
+    tokens = token_ids.to(logits.device, torch.int64)
+    rows, cols = logits.shape
+    if isinstance(red, LocalRows) and rows and cols and kernel_path(logits):
+        from ..kernels.dispatch import token_logprob_stats
+        lse, top_v, top_i, above = token_logprob_stats(logits, None, top_n, col_offset=col_start, tokens=tokens)
+        local = (tokens - col_start).clamp(0, cols - 1).unsqueeze(1)
+        v = logits.gather(1, local).squeeze(1).float()
+        v = torch.where(torch.isnan(v), NEG_INF, v)
+        v = torch.where((tokens >= col_start) & (tokens < col_start + cols), v, NEG_INF)
+        ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
+        return ids, finite_logprobs(ids, torch.cat([v.unsqueeze(1), top_v], dim=1), lse), above + 1
+    l = fp32_copy(logits)
+    P.mask_nans(l, row_chunks(rows, cols, l.device))
+    return row_logprobs(l, tokens, top_n, col_start, red)
