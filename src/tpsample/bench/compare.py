@@ -14,7 +14,8 @@ per call, which the sampler's auto_graph replays from a graph after a few identi
 eager over a new buffer every call (`tpsample eager, new buffer`: never replayed, the launch
 path's own cost; not for the in-place penalties case, which is never replayed), and as the same
 step captured once with `Sampler.capture` and replayed (`tpsample graph`, what an engine that
-graphs its decode step pays). Prints a table, writes the plot (`--plot`: `plots.plot_compare`)
+graphs its decode step pays); and, for the cases without penalties, the stateless
+`tpsample.ops.sample` over per-row tensors (`tpsample ops`). Prints a table, writes the plot (`--plot`: `plots.plot_compare`)
 and ends with one JSON line.
 """
 from __future__ import annotations
@@ -139,7 +140,30 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         return lambda: (out.token_lists(), out.logprobs)
 
     out.append({"impl": "tpsample graph", **_measure(replay, iters, refill, x.device)})
+    if not inplace:
+        out.append({"impl": "tpsample ops", **_measure(_ops_call(case, x), iters, None, x.device)})
     return out
+
+
+def _ops_call(case: Case, x: torch.Tensor):
+    """`tpsample.ops.sample` with per-row tensor parameters an engine already holds (built once,
+    outside the timed calls), seeded per row like the sampler's requests."""
+    from tpsample import ops
+    rows, dev, p = x.shape[0], x.device, case.params
+
+    def full(v, dtype):
+        return torch.full((rows,), v, dtype=dtype, device=dev)
+
+    kw = {"temperature": full(p.get("temperature", 1.0), torch.float32),
+          "top_k": full(p.get("top_k", 0), torch.int32), "top_p": full(p.get("top_p", 1.0), torch.float32),
+          "min_p": full(p.get("min_p", 0.0), torch.float32),
+          "seeds": torch.arange(rows, dtype=torch.int64, device=dev), "positions": full(1, torch.int64),
+          "logprobs": p.get("logprobs")}
+
+    def call():
+        o = ops.sample(x, **kw)
+        return lambda: (o.token_ids.tolist(), o.logprobs)
+    return call
 
 
 def _measure(call, iters: int, refill, device) -> dict:
