@@ -94,7 +94,7 @@ def forced_exact(group):
     from tpsample.parallel.collectives import Collectives
     from tpsample.parallel.group import TPGroup
     from tpsample.parallel.vocab_parallel import ShardReducer
-    from tpsample.sampling.split_rows import sample_split
+    from tpsample.parallel.vocab.split_rows import sample_split
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
     g = TPGroup.resolve(group)

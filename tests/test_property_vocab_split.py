@@ -123,7 +123,7 @@ class CountingShards(ThreadShards):
 
 def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False):
     """sample_split on every column part (threads as ranks); (results, collectives per rank)."""
-    from tpsample.sampling.split_rows import sample_split
+    from tpsample.parallel.vocab.split_rows import sample_split
     vocab = x.shape[1]
     shared = {"slots": [None] * tp, "barrier": threading.Barrier(tp, timeout=60)}
     results, errors = [None] * tp, []

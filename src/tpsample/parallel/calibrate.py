@@ -21,7 +21,6 @@ import torch
 from ..params import SamplingParams
 from ..sampling.reducer import LocalRows
 from ..sampling.run import sample_batch
-from ..sampling.split_rows import sample_split
 from ..state.rows import RowsView
 from ..state.store import RequestStore
 from .auto import CommCosts, Features, StepCosts, as_array, from_array
@@ -29,6 +28,7 @@ from .collectives import Collectives
 from .common import StepContext
 from .plan import build_plan
 from .shard import vocab_shard
+from .vocab.split_rows import sample_split
 
 SMALL_VOCAB = 32768        # CPU intercepts: one row of up to this many columns (GPU: the real V)
 

@@ -1,7 +1,7 @@
 """Vocab-parallel strategy: exact sampling from the shards; no rank ever holds a full row.
 
 Contract: in: this rank's `[rows, V_r]` shard in batch order. At TP > 1 the round pipeline
-(`sampling.split_rows`) samples the shard: one packed gather of per-row summaries when a filter
+(`parallel.vocab.split_rows`) samples the shard: one packed gather of per-row summaries when a filter
 needs it, one of the winners, one more for logprobs; each is O(rows x TP x small) values through
 `ShardReducer`. Steps with draft rows (spec decode) take the general pipeline on the shard, whose
 reductions are more, smaller collectives. out: identical `SamplerOutput` on every rank; the same
@@ -14,10 +14,10 @@ import torch
 
 from ..sampling.output import LogprobsOutput
 from ..sampling.reducer import LocalRows, best_of_parts
-from ..sampling.split_rows import sample_split
 from .collectives import Collectives
 from .common import StepContext, StepResult, sample_requests
 from .plan import SamplingPlan
+from .vocab.split_rows import sample_split
 
 
 class ShardReducer:

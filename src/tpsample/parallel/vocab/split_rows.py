@@ -20,17 +20,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..numerics import NEG_INF, mass_shift
-from ..state.rowbatch import RowBatch
-from . import processors as P
+from ...numerics import NEG_INF, mass_shift
+from ...sampling import processors as P
+from ...sampling.draw import guard_tokens, local_gumbel_draw
+from ...sampling.filters import row_chunks
+from ...sampling.pipeline import front, note_memory
+from ...sampling.result import RowResult
+from ...sampling.topp import _radix_search
+from ...state.rowbatch import RowBatch
 from . import summary, topp_band, topp_band_lp
-from .draw import guard_tokens, local_gumbel_draw
-from .filters import row_chunks
 from .packing import Packet, best_part, take
-from .pipeline import front, note_memory
-from .result import RowResult
 from .split_logprobs import LpRows, logprob_round
-from .topp import _radix_search
 
 
 def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=None, meter=None,

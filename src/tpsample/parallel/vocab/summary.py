@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift
+from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift
+from ...sampling.filters import local_top_values, masses, row_chunks
+from ...sampling.topp import threshold_from_sorted
 from . import topp_band
-from .filters import local_top_values, masses, row_chunks
-from .topp import threshold_from_sorted
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import NEG_INF, fixed_point_masses, kept_mask
+from ...numerics import NEG_INF, fixed_point_masses, kept_mask
+from ...sampling.logprobs import sort_value_desc_id_asc
+from ...sampling.topp import threshold_from_sorted
 from . import topp_band
-from .logprobs import sort_value_desc_id_asc
-from .topp import threshold_from_sorted
 
 JSTAR_LEN = 64
 
