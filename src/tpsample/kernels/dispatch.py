@@ -31,7 +31,16 @@ from __future__ import annotations
 import torch
 
 from ..numerics import mass_shift
-from .config import DEFAULT, MAX_ROUNDS, KernelConfig, RowHints, _pow2, interpreting, kernels_available, num_splits  # noqa: F401
+from .config import (  # noqa: F401
+    DEFAULT,
+    MAX_ROUNDS,
+    KernelConfig,
+    RowHints,
+    _pow2,
+    interpreting,
+    kernels_available,
+    num_splits,
+)
 
 
 def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
@@ -53,7 +62,9 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     that receives each row's NaN count (counted in the first pass, no extra read of x).
     out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
     per-row parameters must then already be contiguous, on x's device, in the dtypes above)."""
-    from .sample_launch import launch_sample  # kernels are built on first use (interpreter or GPU)
+    from .sample_launch import (
+        launch_sample,  # kernels are built on first use (interpreter or GPU)
+    )
     rows, cols = x.shape
     if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
         empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))

@@ -28,10 +28,20 @@ examined; every decision is on exact integers or keys, so tokens equal the defin
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel, gumbel_from_bits, uniform_bits
+from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, noise_bound
-from .sample_state import BRACKET, append_candidates
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, fexp, key_to_float, mass, min_key_mass_below, pair_max
+from .sample_state import BRACKET, append_candidates, draw_candidates
+from .tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    div_t,
+    fexp,
+    key_to_float,
+    mass,
+    min_key_mass_below,
+    pair_max,
+)
 
 
 @triton.jit
@@ -183,11 +193,7 @@ def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, ca
     kmax = tl.max(keys, axis=0)
     thr = min_key_mass_below(keys, e, m_above, target, kmin - 1, kmax)
     kept = valid & (keys >= thr)
-    ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
-    k0 = tl.load(key0_ptr + row).to(tl.uint32)
-    k1 = tl.load(key1_ptr + row).to(tl.uint32)
-    score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), NEG_INF)
-    bv, bi = argmax_pair(score, tl.where(kept, ids, BIG_ID32))
+    bv, bi = draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP)
     av, ai = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
     v, i = pair_max(av, ai, bv, bi)
     return ok, v, i

@@ -15,7 +15,6 @@ Rows still not DONE bump `pending`, which tells the host whether to run another 
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel
 from .sample_bracket import resolve_bracket
 from .sample_state import (
     BRACKET,
@@ -27,6 +26,7 @@ from .sample_state import (
     HIST,
     NEED_S,
     PHASE_TOPP,
+    draw_candidates,
     eligible_key,
     start_search,
     window_shift,
@@ -80,11 +80,7 @@ def _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S_row, k
             thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, thr - 1,
                                      tl.full((), 0xFFFFFFFF, tl.int64))
         kept = valid & (keys >= thr)
-        ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
-        k0 = tl.load(key0_ptr + row).to(tl.uint32)
-        k1 = tl.load(key1_ptr + row).to(tl.uint32)
-        score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), NEG_INF)
-        bv, bi = argmax_pair(score, tl.where(kept, ids, BIG_ID32))
+        bv, bi = draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP)
         found = bv > NEG_INF
         tl.store(st_token + row, tl.where(found, bi, raw).to(tl.int64) + col_offset)
         tl.store(st_valid + row, found)

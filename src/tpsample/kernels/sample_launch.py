@@ -15,7 +15,14 @@ import math
 
 import torch
 
-from .config import MAX_ROUNDS, KernelConfig, RowHints, _pow2, fallback_counter, num_splits
+from .config import (
+    MAX_ROUNDS,
+    KernelConfig,
+    RowHints,
+    _pow2,
+    fallback_counter,
+    num_splits,
+)
 from .launcher import Launcher, stream_scratch
 from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel

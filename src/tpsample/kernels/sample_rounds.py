@@ -20,7 +20,15 @@ import triton.language as tl
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_bracket import collect_bracket
 from .sample_scan import fp32_nonan, noise_bound
-from .sample_state import BRACKET, COLLECT, DRAW, HIST, NEED_S, PHASE_TOPP, append_candidates
+from .sample_state import (
+    BRACKET,
+    COLLECT,
+    DRAW,
+    HIST,
+    NEED_S,
+    PHASE_TOPP,
+    append_candidates,
+)
 from .tlutil import (
     BIG_ID32,
     KEY_POS_INF,

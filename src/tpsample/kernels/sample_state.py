@@ -19,7 +19,8 @@ of the definition no matter how the search went.
 import triton
 import triton.language as tl
 
-from .tlutil import KEY_NEG_INF, order_key
+from .rng_triton import gumbel
+from .tlutil import BIG_ID32, KEY_NEG_INF, argmax_pair, key_to_float, order_key
 
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 DONE, COLLECT, DRAW, HIST, BRACKET = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
@@ -78,3 +79,14 @@ def append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP: tl.cons
         ok = sel & (pos < CAP)
         tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
         tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+
+
+@triton.jit
+def draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP: tl.constexpr):
+    """(value, column) of the Gumbel argmax over the kept candidates (keys are order keys of l;
+    ties -> lowest column); (-inf, BIG_ID32) when none is kept."""
+    ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), float("-inf"))
+    return argmax_pair(score, tl.where(kept, ids, BIG_ID32))
