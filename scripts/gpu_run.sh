@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's worth of validation and measurement (used with the one-GPU H200 machine):
+# One GPU machine's worth of validation and measurement (used with the one-GPU H200 machine):
 # kernel correctness at full size, the TP strategy tests on CUDA tensors (ranks share the GPU
 # over gloo), the sampler and kernel benchmarks. Logs go to $OUT (or ./gpu_out).
 set -u
