@@ -77,3 +77,19 @@ def test_a_plan_capture_refuses_is_sampled_eagerly(cpu_graphs):
         x.copy_(torch.randn(len(ids), V, generator=g))
         assert auto.sample(x, auto.plan(ids)).token_lists() == eager.sample(x.clone(), eager.plan(ids)).token_lists()
     assert auto.auto_graph.captures == 0 and auto.auto_graph.refused
+
+
+def test_replay_is_only_wanted_where_it_gives_the_eager_results():
+    """Never with draft probabilities, in-place logits, memory profiling, CPU logits or
+    auto_graph=False (and never at TP > 1: ranks could decide differently and hang)."""
+    x = torch.zeros(2, V)
+    on, off = tpsample.Sampler(V, auto_graph=True), tpsample.Sampler(V, auto_graph=False)
+    inplace, profiled = tpsample.Sampler(V, inplace_logits=True), tpsample.Sampler(V, profile_memory=True)
+    cuda_like = type("Logits", (), {"is_cuda": True})()
+    assert autograph.wanted(on, cuda_like, None)
+    assert not autograph.wanted(on, x, None)                      # CPU logits
+    assert not autograph.wanted(on, cuda_like, torch.zeros(2, V))  # draft probabilities
+    for s in (off, inplace, profiled):
+        assert not autograph.wanted(s, cuda_like, None)
+    on.group = type("TP2", (), {"size": 2})()                     # tp_size reads the group's size
+    assert not autograph.wanted(on, cuda_like, None)
