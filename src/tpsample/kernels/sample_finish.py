@@ -24,7 +24,6 @@ from .sample_state import (
     FAST,
     FIRST,
     HIST,
-    NEED_S,
     PHASE_TOPP,
     draw_candidates,
     eligible_key,
@@ -73,9 +72,7 @@ def _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S_row, k
             thr = tl.maximum(thr, max_key_with_count(keys, valid, k))
         if (p < 1.0) & (m < float("inf")):
             e = tl.where(valid & (keys >= thr), mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
-            S = tl.sum(e, axis=0)
-            if (flags & NEED_S) != 0:
-                S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
+            S = tl.sum(e, axis=0)           # FAST rows have top-k: their kept set is among the candidates
             target = p.to(tl.float64) * S.to(tl.float64)
             thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, thr - 1,
                                      tl.full((), 0xFFFFFFFF, tl.int64))

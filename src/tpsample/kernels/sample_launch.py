@@ -125,7 +125,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
            ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
-           EXACT_EXP=exact_exp, NBH=cfg.hist_bins, BRACKETS=hints.any_top_p_alone, num_warps=cfg.row_warps)
+           EXACT_EXP=exact_exp, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so

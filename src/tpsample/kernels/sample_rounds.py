@@ -3,7 +3,7 @@
 round_kernel, grid (rows, splits), one read of the row split, by stage:
 - COLLECT: append every eligible entry whose key lies in the window [klo, khi] to the row's
   candidate list (key, column) through an atomic counter (order does not matter: the finish
-  sorts); with NEED_S also sum the masses of all eligible entries (top-p's S).
+  sorts).
 - HIST: over eligible entries inside the window only (blocks without one skip all work):
   their count and mass, count and mass strictly above each pivot key, and a count histogram
   of (key - klo) >> shift, which places the next pivots.
@@ -25,7 +25,6 @@ from .sample_state import (
     COLLECT,
     DRAW,
     HIST,
-    NEED_S,
     PHASE_TOPP,
     append_candidates,
 )
@@ -43,10 +42,8 @@ from .tlutil import (
 
 
 @triton.jit
-def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scale, one,
-             cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, EXACT_EXP: tl.constexpr):
-    s_part = tl.zeros((), tl.int64)
-    t_lo = key_to_float(tkey)
+def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, cand_key, cand_id, cand_n,
+             CAP: tl.constexpr, BLOCK: tl.constexpr):
     w_lo = key_to_float(tl.maximum(klo, tkey))
     inf_key = tl.full((), KEY_POS_INF, tl.int64)
     w_hi = key_to_float(tl.minimum(khi + 1, inf_key))     # key <= khi <=> l < v(khi + 1)
@@ -58,12 +55,8 @@ def _collect(x_ptr, row_off, t, start, end, row, tkey, klo, khi, need_s, m, scal
         xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
         l = div_t(fp32_nonan(xr), t)
         xr = xr_next
-        elig = l >= t_lo                  # l >= v(tkey) <=> key >= tkey (and -inf never qualifies)
         sel = (l >= w_lo) & tl.where(no_hi, l >= NEG_INF, l < w_hi)     # klo <= key <= khi, as value bounds
         append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP)
-        if need_s:
-            s_part += tl.sum(tl.where(elig, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
-    return s_part
 
 
 @triton.jit
@@ -157,10 +150,8 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
         flags = tl.load(st_flags + row)
         m = tl.load(st_m + row)
         if ((STAGES & 1) != 0) & (stage == COLLECT):
-            s_part = _collect(x_ptr, row_off, t, start, end, row, tkey, tl.load(st_klo + row),
-                              tl.load(st_khi + row), (flags & NEED_S) != 0, m, scale, one,
-                              cand_key, cand_id, cand_n, CAP, BLOCK, EXACT_EXP)
-            tl.store(p_mass + part, s_part)
+            _collect(x_ptr, row_off, t, start, end, row, tkey, tl.load(st_klo + row), tl.load(st_khi + row),
+                     cand_key, cand_id, cand_n, CAP, BLOCK)
         if ((STAGES & 2) != 0) & (stage == DRAW):
             k0 = tl.load(key0_ptr + row).to(tl.uint32)
             k1 = tl.load(key1_ptr + row).to(tl.uint32)

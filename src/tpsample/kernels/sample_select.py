@@ -1,13 +1,13 @@
 """Per-row planning after the scan of `sample_rows` (select_kernel, grid (rows,)).
 
-Combines the splits, finishes greedy and plain rows, and for filter rows finds tau, a lower bound
-of the final threshold from the block maxima: the k-th largest block maximum (k blocks each hold
-a value >= it), min-p's t1, and for top-p alone the largest block maximum b whose block-maxima
-mass above b already reaches p * (an upper bound of S). Every kept token has l >= tau, so the
-next pass collects {l >= tau} as candidates (stage COLLECT); if the block maxima show that more
-than CAP tokens pass tau, the row takes the exact search instead (stage HIST). Rows with min-p
-alone go straight to the masked draw (DRAW). Rows with top-p and no top-k take the bracket
-method instead (stage BRACKET, sample_bracket.py): their value range, and a zeroed histogram.
+Combines the splits and finishes greedy and plain rows. For top-k rows (with or without top-p
+and min-p) it finds tau, a lower bound of the final threshold from the block maxima: the k-th
+largest block maximum (k blocks each hold a value >= it), and min-p's t1. Every kept token has
+l >= tau, so the next pass collects {l >= tau} as candidates (stage COLLECT); if the block
+maxima show that more than CAP tokens pass tau, the row takes the exact search instead (stage
+HIST). Rows with top-p and no top-k take the bracket method (stage BRACKET, sample_bracket.py):
+their value range, and a zeroed histogram. Rows with min-p alone go straight to the masked draw
+(DRAW).
 """
 import triton
 import triton.language as tl
@@ -22,7 +22,6 @@ from .sample_state import (
     FAST,
     FILTER,
     GREEDY,
-    NEED_S,
     PLAIN,
     eligible_key,
     start_search,
@@ -53,25 +52,6 @@ def kth_block_max(bmax_ptr, row, nblk, k, NBP: tl.constexpr):
 
 
 @triton.jit
-def top_p_block_bound(bmax_ptr, row, nblk, m, p, s_up, EXACT_EXP: tl.constexpr, NBP: tl.constexpr):
-    """Largest block maximum b whose block maxima >= b carry mass >= p * s_up, else -inf.
-
-    Masses are fp32 multiples of 2**shift with safety margins: a lower bound of the exact
-    integer mass of the entries >= b against an upper bound of the target, so v* >= b."""
-    bv, keys, valid = _block_keys(bmax_ptr, row, nblk, NBP)
-    e_lo = tl.where(valid & (bv > NEG_INF), fexp(bv - m, EXACT_EXP) * 0.999999 - 1e-9, 0.0)
-    want = p * s_up
-    lo = tl.full((), -1, tl.int64)
-    hi = tl.full((), 1 << 32, tl.int64)
-    for _ in range(33):          # largest key whose mass at or above reaches `want`
-        mid = (lo + hi) >> 1
-        ok = tl.sum(tl.where(keys >= mid, e_lo, 0.0), axis=0) * 0.999 >= want
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    return tl.where(lo >= 0, key_to_float(lo), NEG_INF)
-
-
-@triton.jit
 def sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP: tl.constexpr):
     """The scan's fp32 sum of exp(l - m) over the row, from its per-split (max, sum) pairs."""
     se_m = tl.load(se_m_ptr + parts)
@@ -79,15 +59,10 @@ def sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP: tl.constexpr):
 
 
 @triton.jit
-def lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
-                    NBP: tl.constexpr, EXACT_EXP: tl.constexpr):
-    """tau <= every kept value, and a lower bound of how many entries reach it."""
-    tau = t1
-    if topk:
-        tau = tl.maximum(tau, kth_block_max(bmax_ptr, row, nblk, k, NBP))
-    else:
-        s_all = sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP)
-        tau = tl.maximum(tau, top_p_block_bound(bmax_ptr, row, nblk, m, p, s_all * 1.004 + 1e-6, EXACT_EXP, NBP))
+def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
+    """For a top-k row: tau <= every kept value (k blocks each hold a value >= the k-th largest
+    block maximum; min-p's t1), and a lower bound of how many entries reach it."""
+    tau = tl.maximum(t1, kth_block_max(bmax_ptr, row, nblk, k, NBP))
     b = tl.arange(0, NBP)
     bv = tl.load(bmax_ptr + row.to(tl.int64) * nblk + b, mask=b < nblk, other=NEG_INF)
     return tau, tl.sum((bv >= tau).to(tl.int32), axis=0)
@@ -99,8 +74,7 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, NBH: tl.constexpr, BRACKETS: tl.constexpr):
-    """BRACKETS: top-p rows without top-k take the bracket method (else the bounds below)."""
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -129,18 +103,17 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
         if valid:
             stage = tl.full((), DRAW, tl.int32)
             tl.store(st_tkey + row, tkey)
-            if BRACKETS & topp & ~topk:
+            if topp & ~topk:
                 lo, inv = range_for_top_p(m, t1, p, sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP), minp, ncols)
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
                 stage = tl.full((), BRACKET, tl.int32)
-            elif topk | topp:
-                tau, n_lb = lower_bound_tau(bmax_ptr, se_m_ptr, se_s_ptr, parts, row, nblk, m, k, p, topk, t1,
-                                            NBP, EXACT_EXP)
+            elif topk:
+                tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)
                 if n_lb <= CAP:
                     stage = tl.full((), COLLECT, tl.int32)
-                    tl.store(st_flags + row, tl.where(topp & ~topk, FAST | NEED_S, FAST).to(tl.int32))
+                    tl.store(st_flags + row, tl.full((), FAST, tl.int32))
                     tl.store(st_klo + row, tl.maximum(eligible_key(tau), tkey))
                     tl.store(st_khi + row, tl.full((), 0xFFFFFFFF, tl.int64))
                 else:

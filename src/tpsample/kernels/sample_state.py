@@ -25,7 +25,7 @@ from .tlutil import BIG_ID32, KEY_NEG_INF, argmax_pair, key_to_float, order_key
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 DONE, COLLECT, DRAW, HIST, BRACKET = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
                                      tl.constexpr(4))
-NEED_S, PHASE_TOPP, FAST, FIRST = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
+PHASE_TOPP, FAST, FIRST = tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
 
 
 @triton.jit

@@ -29,25 +29,23 @@ def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.T
 
 def gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                 col_start: int, red, salt: int = SALT_DRAW,
-                exclude: Optional[torch.Tensor] = None,
                 log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wide `local_gumbel_draw`."""
-    return red.argmax_pair(*local_gumbel_draw(l, thr, seeds, positions, col_start, salt, exclude, log_weights))
+    return red.argmax_pair(*local_gumbel_draw(l, thr, seeds, positions, col_start, salt, log_weights))
 
 
 def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                      col_start: int, salt: int = SALT_DRAW, exclude: Optional[torch.Tensor] = None,
+                      col_start: int, salt: int = SALT_DRAW,
                       log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """argmax over kept local tokens of (score + g(seed, pos, id)): (value, global id) per row.
 
     On CUDA (with Triton) the plain draw runs as one streaming kernel with no temporaries.
 
     score is `l` (the processed logits), or `log_weights` when given (residual draws).
-    exclude: [rows] global token id to leave out (-1 = none), for the one-hot residual.
     A row with no kept token returns value -inf.
     """
     n, cols = l.shape
-    if exclude is None and log_weights is None and n and cols:
+    if log_weights is None and n and cols:
         kernel = _shard_gumbel_kernel(l)
         if kernel is not None:
             k0, k1 = row_keys(seeds.to(l.device), positions.to(l.device), salt)
@@ -60,8 +58,6 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
         g = gumbel_noise(seeds[s:t].to(l.device), positions[s:t].to(l.device), ids_all, salt)
         z = g.add_(score)
         keep = kept_mask(l[s:t], thr[s:t]) & (score > NEG_INF)
-        if exclude is not None:
-            keep &= ids_all.unsqueeze(0) != exclude[s:t].to(l.device).unsqueeze(1)
         z.masked_fill_(~keep, NEG_INF)
         best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
         del z, g, keep
