@@ -69,9 +69,6 @@ class AutoGraph:
         self.captures += 1
         return step
 
-    def reset(self) -> None:
-        self.plan, self.key, self.seen, self.step, self.refused = None, (), 0, None, False
-
 
 def wanted(sampler, logits: torch.Tensor, draft_probs: Optional[torch.Tensor]) -> bool:
     """Whether this call may be replayed (see the module contract)."""

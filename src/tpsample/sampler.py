@@ -54,7 +54,6 @@ from .validation import (
 )
 
 STRATEGY_NAMES = names.ALL
-
 _UIDS = itertools.count(1)
 
 
@@ -221,9 +220,9 @@ class Sampler:
             full = self.tp_size == 1
             draft_rows = np.flatnonzero(plan.rows_view(None).draft_tokens >= 0) if full else None
             check_draft_probs(draft_probs, plan.num_rows, width, draft_rows=draft_rows, full_rows=full)
-        if self.auto_graph is not None and autograph.wanted(self, local_logits, draft_probs):
+        if autograph.wanted(self, local_logits, draft_probs):
             out = self.auto_graph.sample(self, plan, local_logits)
-            if out is not None:
+            if out is not None:      # replayed: no collective, no counted memory
                 self.last_stats = StepStats(plan.strategy, 0, 0, 0, 0, local_logits.numel() * local_logits.element_size())
                 return out
         dev = local_logits.device
