@@ -28,14 +28,6 @@ def add_model_args(p, *, positional: bool = True) -> None:
                    help="fix the KV capacity in tokens instead of profiling (default: profile)")
 
 
-def require_serve_packages(*names: str) -> None:
-    import importlib.util
-
-    missing = [n for n in names if importlib.util.find_spec(n) is None]
-    if missing:
-        raise ValueError(f"this command needs {', '.join(missing)}: pip install 'tpsample[serve]'")
-
-
 def check_positive(args, *names: str) -> None:
     for name in names:
         value = getattr(args, name, None)
@@ -134,7 +126,6 @@ def run_serve(args) -> int:
     from tpsample.serve.app import build_app
     from tpsample.serve.server import bind, serve_forever
 
-    require_serve_packages("fastapi", "uvicorn")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     check_positive(args, "max_pending")
@@ -213,7 +204,6 @@ def add_bench_serve_args(p) -> None:
 def run_bench_serve(args) -> dict:
     from tpsample.serve.bench import run_bench
 
-    require_serve_packages("fastapi", "uvicorn", "httpx")
     check_positive(args, "clients", "max_tokens")
     if args.duration <= 0:
         raise ValueError(f"--duration must be > 0 seconds, got {args.duration}")
