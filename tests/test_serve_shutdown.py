@@ -60,35 +60,29 @@ def _assert_ended_with_an_error_then_done(rest: list[str]) -> None:
     assert last["error"]["code"] == "engine_stopped", last
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_ends_a_tp1_server_and_its_open_stream_within_10s(folder, sig):
-    srv = ServeProcess(folder)
+def _signal_with_an_open_stream(folder, extra_args, target, sig, exit_code: int, workers: int = 0) -> None:
+    """Start a server, open a stream, send `sig` to target(server, worker pids); the stream ends
+    with an error chunk and [DONE], and every process is gone with the server's `exit_code`."""
+    srv = ServeProcess(folder, *extra_args)
     try:
-        rest, sent, procs = _stop_with_an_open_stream(srv, srv.proc.pid, sig)
+        pids = _workers(srv)
+        assert len(pids) == workers
+        rest, sent, procs = _stop_with_an_open_stream(srv, target(srv, pids), sig)
         _assert_ended_with_an_error_then_done(rest)
-        _assert_all_gone(srv, procs, sent, 0)
+        _assert_all_gone(srv, procs, sent, exit_code)
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_a_tp1_server_and_its_open_stream_within_10s(folder, sig):
+    _signal_with_an_open_stream(folder, (), lambda srv, pids: srv.proc.pid, sig, 0)
 
 
 def test_sigterm_ends_a_tp3_server_and_its_workers_within_10s(folder):
-    srv = ServeProcess(folder, "--tp", "3")
-    try:
-        assert len(_workers(srv)) == 3
-        rest, sent, procs = _stop_with_an_open_stream(srv, srv.proc.pid, signal.SIGTERM)
-        _assert_ended_with_an_error_then_done(rest)
-        _assert_all_gone(srv, procs, sent, 0)
-    finally:
-        srv.close()
+    _signal_with_an_open_stream(folder, ("--tp", "3"), lambda srv, pids: srv.proc.pid, signal.SIGTERM, 0, 3)
 
 
 def test_sigterm_to_a_tp3_worker_ends_the_server_and_every_worker_within_10s(folder):
-    srv = ServeProcess(folder, "--tp", "3")
-    try:
-        workers = _workers(srv)
-        assert len(workers) == 3
-        rest, sent, procs = _stop_with_an_open_stream(srv, max(workers), signal.SIGTERM)
-        _assert_ended_with_an_error_then_done(rest)
-        _assert_all_gone(srv, procs, sent, 1)           # 1: the engine failed
-    finally:
-        srv.close()
+    # exit code 1: the engine failed
+    _signal_with_an_open_stream(folder, ("--tp", "3"), lambda srv, pids: max(pids), signal.SIGTERM, 1, 3)
