@@ -6,6 +6,7 @@ time (cProfile), eager and replayed from a CUDA graph (in-place cases sample sta
 the host cost is the same).
     python scripts/profile_step.py [rows [case ...]] > profile.txt
 BRIEF=1 leaves out the CPU events and the cProfile tables (timings and per-kernel device time only).
+AUTO_GRAPH=0 turns the sampler's automatic graph replay off, so the eager calls are eager.
 """
 import cProfile
 import io
@@ -82,6 +83,8 @@ def main():
         if wanted and case.name not in wanted:
             continue
         s, ids = case_sampler(case, rows, vocab, x.device)
+        if os.environ.get("AUTO_GRAPH") == "0":
+            s.auto_graph = None
         work = x.clone()
 
         def full():

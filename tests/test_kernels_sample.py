@@ -130,6 +130,22 @@ def test_single_row_with_many_programs():
         check(x, [config], KernelConfig(splits=8, block=32, scan_cols=32, cap=16, small=8))
 
 
+@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(approx_bound=False),
+                                 KernelConfig(bracket_block=1024, hist_warps=2, splits=2)],
+                         ids=["approx_bounds", "exact_bounds", "wide_bracket_blocks"])
+def test_skip_bounds_hold_at_extreme_magnitudes(cfg):
+    """The scan's skip bounds from x * (1 / T) stay upper bounds of x / T + g at every scale:
+    rows of size 1e6 and 1e30, T down to 1e-6 (x / T near the fp32 maximum or overflowing),
+    rows whose entries are one ulp apart."""
+    gen = torch.Generator().manual_seed(12)
+    base = torch.randn(8, 300, generator=gen)
+    x = torch.stack([base[0] * 1e6, base[1] * 1e30, base[2] * 3e32, base[3] * 1e-30,
+                     1.0 + torch.arange(300) * 1.1920929e-07, base[5] * 3, -1e36 + base[6] * 1e30, base[7]])
+    for t in (1e-6, 0.37, 1.0, 1e6):
+        for filt in ((0, 1.0, 0.0), (0, 0.9, 0.0), (40, 0.9, 0.0), (0, 1.0, 0.1)):
+            check(x, [(t, *filt)] * 8, cfg)
+
+
 def _fallbacks_of(x, rows, cfg):
     from tpsample.kernels.config import fallback_counter
     counter = fallback_counter(torch.device(DEV))

@@ -215,3 +215,36 @@ def test_auto_graph_replays_repeated_eager_calls_with_the_eager_tokens():
         assert torch.equal(got.logprobs.token_ids, want.logprobs.token_ids)
     assert auto.auto_graph.captures == 1 and auto.auto_graph.replays == 6
     assert [auto.output_token_ids(r) for r in ids] == [eager.output_token_ids(r) for r in ids]
+
+
+@pytest.mark.parametrize("penalties", [False, True])
+def test_auto_replay_follows_a_new_logits_buffer_every_call(penalties):
+    """Eager calls whose logits come in a new allocation each step (a view of a wider one here)
+    replay the step's launch list with integer pointers: the eager tokens and logprobs, bitwise.
+    A step with penalties (a torch copy of the logits) is refused and stays eager."""
+    from tpsample import autograph
+    params = [P(temperature=0), P(temperature=0.8, top_k=50, top_p=0.9, seed=1), P(top_p=0.9, seed=2),
+              P(min_p=0.1, seed=3, logprobs=2), P(seed=4, temperature=0.7)]
+    if penalties:
+        params.append(P(seed=5, repetition_penalty=1.2, frequency_penalty=0.3))
+    auto, eager = (tpsample.Sampler(V, seed=7, device="cuda", auto_graph=a) for a in (True, False))
+    ids = [str(i) for i in range(len(params))]
+    for s in (auto, eager):
+        for i, p in enumerate(params):
+            s.add_request(ids[i], p, [1, 2, 3])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    steps = autograph.AFTER + 5
+    held = []                      # all alive: a new address every call
+    for _ in range(steps):
+        wide = torch.randn(len(ids), V + 64, device="cuda", generator=g) * 3
+        held.append(wide)
+        x = wide[:, 32:32 + V]
+        want = eager.sample(x.clone(), eager.plan(ids))
+        got = auto.sample(x, auto.plan(ids))
+        assert got.token_lists() == want.token_lists()
+        assert torch.equal(got.logprobs.token_ids, want.logprobs.token_ids)
+        assert torch.equal(got.logprobs.logprobs, want.logprobs.logprobs)
+    ag = auto.auto_graph
+    assert ag.captures == 0 and ag.tapes == 1
+    assert ag.tape_replays == (0 if penalties else steps - autograph.AFTER)
+    assert [auto.output_token_ids(r) for r in ids] == [eager.output_token_ids(r) for r in ids]

@@ -90,10 +90,11 @@ class Sampler:
         check_plans: at TP > 1, every step first checks that all ranks sample the same plan (one
         8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
         disagree get a clear error instead of a hang or silently different tokens.
-        auto_graph: at TP = 1 on CUDA, replay a step from a CUDA graph once the same plan has been
-        sampled over the same logits buffer a few calls in a row (`tpsample.autograph`): the
-        tokens are the eager ones, at a fraction of the host cost; the output's device tensors
-        then hold their values until the next call."""
+        auto_graph: at TP = 1 on CUDA, replay a step once the same plan has been sampled a few
+        calls in a row (`tpsample.autograph`): from a CUDA graph over the same logits buffer, or,
+        when each call brings a new buffer, from the step's recorded kernel launches
+        (`tpsample.tape`); the tokens are the eager ones, at a fraction of the host cost; the
+        output's device tensors then hold their values until the next call."""
         check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
                            strategy, STRATEGY_NAMES, group=group, timeout_s=timeout_s, seed=seed,
                            flags={"inplace_logits": inplace_logits, "profile_memory": profile_memory,

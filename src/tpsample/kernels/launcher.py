@@ -10,6 +10,11 @@ each tensor's dtype and 16-byte alignment, each integer's width class, ==1 and d
 hooks), with the current stream; when launch hooks are installed (a profiler's), or the
 compiled kernel lacks that launcher, it takes the wrapper. Under the interpreter it always
 takes the normal path.
+
+A `Tape` (the `recording()` context) keeps every launch made while it is open, with its
+arguments, so that the same launches can be issued again over another input buffer
+(`Tape.replay`); a launch it cannot repeat (a compile, the interpreter's first launch of a
+specialisation) marks it incomplete.
 """
 from __future__ import annotations
 
@@ -106,6 +111,34 @@ class _Compiled:
             self.run, self.function, self.packed = run, function, packed
 
 
+class Tape:
+    """Launches recorded in order: (launcher, compiled or None, grid, args, constexprs)."""
+
+    def __init__(self):
+        self.entries: list = []
+        self.complete = True
+
+
+_TAPE: list = []        # the open tape, if any (a one-element stack)
+
+
+class recording:
+    """`with recording() as tape:` records every `Launcher` launch made inside."""
+
+    def __enter__(self) -> Tape:
+        if _TAPE:
+            raise RuntimeError("launch recordings do not nest")
+        _TAPE.append(Tape())
+        return _TAPE[0]
+
+    def __exit__(self, *exc):
+        _TAPE.clear()
+
+
+def _record(launcher, compiled, grid, args, constexprs) -> None:
+    _TAPE[0].entries.append((launcher, compiled, tuple(grid) + (1,) * (3 - len(grid)), args, constexprs))
+
+
 class Launcher:
     def __init__(self, fn):
         self.fn = fn
@@ -118,11 +151,19 @@ class Launcher:
 
     def __call__(self, grid, *args, **constexprs):
         if not self.direct or os.environ.get("TRITON_INTERPRET", "0") == "1":
+            if _TAPE:
+                _record(self, None, grid, args, constexprs)
+                from torch.utils._python_dispatch import _disable_current_modes
+                with _disable_current_modes():      # the interpreter's own copies are not the step's work
+                    self.fn[grid](*args, **constexprs)
+                return
             self.fn[grid](*args, **constexprs)
             return
         key = launch_key(args, constexprs, self.const_positions)
         compiled = self.cache.get(key)
         if compiled is None:
+            if _TAPE:
+                _TAPE[0].complete = False      # a compile: not repeatable from the tape
             kernel = self.fn[grid](*args, **constexprs)
             if kernel is not None and hasattr(kernel, "run"):
                 self.cache[key] = _Compiled(kernel, [constexprs[n] for n in self.names[len(args):] if n in constexprs])
@@ -145,6 +186,8 @@ class Launcher:
         self._run(compiled, grid, args, constexprs)
 
     def _run(self, compiled, grid, args, constexprs):
+        if _TAPE:
+            _record(self, compiled, grid, args, constexprs)
         rest = compiled.rest
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         if compiled.run is not None and _no_hooks():

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_scan import fp32_nonan, noise_bound
+from .sample_scan import fp32_nonan, may_win
 from .sample_state import BRACKET, append_candidates, draw_candidates
 from .tlutil import (
     BIG_ID32,
@@ -169,7 +169,7 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
         if tl.sum(above.to(tl.int32), axis=0) > 0:
             m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
             u = uniform_bits(k0, k1, cols + col_offset)
-            cand = above & (noise_bound(l, u) >= best_v)      # only these can beat the best so far
+            cand = above & may_win(l, u, best_v)      # only these can beat the best so far
             if tl.max(cand.to(tl.int32), axis=0) > 0:
                 v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                 best_v, best_i = pair_max(best_v, best_i, v, i)

@@ -8,7 +8,7 @@ round_kernel, grid (rows, splits), one read of the row split, by stage:
   their count and mass, count and mass strictly above each pivot key, and a count histogram
   of (key - klo) >> shift, which places the next pivots.
 - DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column; the noise is
-  computed only in blocks where an entry's bound (see scan's noise_bound) reaches the best so far.
+  computed only in blocks where an entry's bound (see scan's may_win) reaches the best so far.
 - BRACKET: the bracket's candidates, and the mass and winner of the entries above it
   (sample_bracket.py); nothing when the bracket holds more than CAP entries.
 Loads run one block ahead (software prefetch).
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_bracket import collect_bracket
-from .sample_scan import fp32_nonan, noise_bound
+from .sample_scan import fp32_nonan, may_win
 from .sample_state import (
     BRACKET,
     COLLECT,
@@ -107,7 +107,7 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
         kept = l >= t_lo                  # key >= tkey, as a value bound (tkey > key(-inf))
         if tl.max(kept.to(tl.int32), axis=0) > 0:
             u = uniform_bits(k0, k1, cols + col_offset)
-            cand = kept & (noise_bound(l, u) >= best_v)      # only these can beat the best so far
+            cand = kept & may_win(l, u, best_v)      # only these can beat the best so far
             if tl.max(cand.to(tl.int32), axis=0) > 0:
                 v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                 best_v, best_i = pair_max(best_v, best_i, v, i)
@@ -137,8 +137,9 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
                st_hlo, st_hinv, st_first, st_last, st_count,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-               NBH: tl.constexpr):
-    """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
+               NBH: tl.constexpr, BBLOCK: tl.constexpr):
+    """One split's pass of one row, by the row's stage (nothing for DONE rows). BBLOCK: columns
+    per step of the BRACKET stage (fewer steps, fewer candidate-counter atomics)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
         part = row * NSPLIT + split
@@ -171,7 +172,7 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
         if ((STAGES & 8) != 0) & (stage == BRACKET):
             _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
                           st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
-                          p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
+                          p_cnt, BBLOCK, CAP, NBH, EXACT_EXP)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -182,7 +183,7 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                  st_last, st_count,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-                 NBH: tl.constexpr):
+                 NBH: tl.constexpr, BBLOCK: tl.constexpr):
     """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET); the
     first round leaves HIST out (rows there wait a round), which keeps that variant's registers
     low."""
@@ -192,4 +193,5 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)
+               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH,
+               BBLOCK)

@@ -1,8 +1,8 @@
 """Pass 1 of `sample_rows`, the scan (grid rows x splits): one streaming read of each row split.
 
-Always the NaN count. Greedy rows: the argmax of x (NaN as -inf). Other rows never need the raw
-argmax: with T > 0 a row has no entry above -inf exactly when x has none, and the row max is
-always kept, so the guard's token there is the first column (the argmax of an all -inf row). Plain
+Always the NaN count. Greedy rows: the argmax of x (NaN as -inf). Other rows need x's argmax
+only for the guard, when every x / T is -inf (the row max is always kept otherwise): the select
+kernel searches those rare rows itself, so the scan does not carry it. Plain
 rows (temperature only): the whole draw, the Gumbel argmax of l = x / T; a block computes the
 noise (two logs) only if some entry's cheap upper bound l + (-log W) reaches the best so far,
 which after the first blocks is rare (the bound needs only W's bits). Filter rows: max(l); block
@@ -13,12 +13,10 @@ winners are reduced once at the end, so the loop stays memory-bound.
 import triton
 import triton.language as tl
 
-from .rng_triton import TWO_POW_M32, gumbel_from_bits, uniform_bits
+from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_state import FILTER, GREEDY, PLAIN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, fexp, pair_max
 
-LN2 = tl.constexpr(0.6931471805599453)
-TWO_POW_M23 = tl.constexpr(1.1920928955078125e-07)
 
 
 @triton.jit
@@ -32,12 +30,16 @@ def row_flags(t, k, p, lmp, ncols):
 
 
 @triton.jit
-def noise_bound(l, u):
-    """An upper bound of fp32(l + g(u)) from W's bits: g = -log(-log1p(-W)) <= -log W, and
-    -log2 W <= -(e + f) for W = 2**e * (1 + f); (e + f) is W's bit pattern, rescaled."""
-    w = (u.to(tl.float32) + 0.5) * TWO_POW_M32
-    ef = (w.to(tl.int32, bitcast=True) - 0x3F800000).to(tl.float32) * TWO_POW_M23
-    return l - ef * LN2 + 1e-3
+def may_win(l, u, best_v):
+    """False only where fp32(l' + g(u)) < best_v for every l' within 3 ulp of l (so l may be
+    x / T itself or x * (1 / T)): the noise then cannot lift the entry to the best so far.
+    g = -log(-log1p(-W)) <= -log W, and W >= W' = (u >> 9) * 2**-23 (W' has only u's bits: no
+    conversion), so a winner has W' <= exp(l - best_v + margin); the margin covers the fp32
+    roundings of g, of the sum and of l, and the fast exp. l below -FLT_MAX (overflowed) is
+    taken as -FLT_MAX, within that margin; best_v = -inf passes everything."""
+    l = tl.maximum(l, -3.4028234663852886e38)
+    w_lo = ((u >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return w_lo <= tl.exp(l - best_v + (1e-3 + 2e-6 * (tl.abs(l) + tl.abs(best_v))))
 
 
 @triton.jit
@@ -57,9 +59,13 @@ def fp32_nonan(xr):
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
                 raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, nan_ptr, bmax_ptr,
                 nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
-                EXACT_EXP: tl.constexpr, MODES: tl.constexpr):
+                EXACT_EXP: tl.constexpr, MODES: tl.constexpr, APPROX: tl.constexpr):
     """MODES: which row modes the batch holds (1 greedy, 2 plain, 4 filter); code for absent
-    modes is not compiled, which keeps registers (and so occupancy) to what the batch needs."""
+    modes is not compiled, which keeps registers (and so occupancy) to what the batch needs.
+    APPROX: the per-entry division l = x / T (IEEE, several instructions) is left out of the
+    loop: maxima are taken over x and divided once (division by T > 0 is monotone), the skip
+    bound of plain rows and the top-p sum use x * (1 / T) with a margin (see `may_win`), and
+    l itself is computed only in the blocks that may hold the winner."""
     row = tl.program_id(0)
     part = row * NSPLIT + tl.program_id(1)
     start, end = chunk_bounds(ncols, CHUNK)
@@ -80,6 +86,7 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     se_s = tl.full((), 0.0, tl.float32)
     k0 = tl.load(key0_ptr + row).to(tl.uint32)
     k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    inv_t = tl.div_rn(1.0, tl.maximum(t, 1e-30))     # plain and filter rows: T > 0
     need_se = (mode == FILTER) & topp & ~topk
     need_bmax = (mode == FILTER) & (topk | topp)
     xr = tl.load(xrow + start + offs, mask=start + offs < end, other=NEG_INF)
@@ -92,34 +99,50 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         if (MODES & 1) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == GREEDY:
                 rv, ri = acc_argmax(rv, ri, x, cols)
-        if (MODES & 6) != 0:
-            l = div_t(x, t)
+        if APPROX:
+            if (MODES & 6) != 0:
+                la = x * inv_t
+                src = x
+        else:
+            if (MODES & 6) != 0:
+                l = div_t(x, t)
+                la = l
+                src = l
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == FILTER:
-                mxv = tl.maximum(mxv, l)
+                mxv = tl.maximum(mxv, src)
         if (MODES & 2) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == PLAIN:
                 u = uniform_bits(k0, k1, cols + col_offset)
-                cand = (l > NEG_INF) & (noise_bound(l, u) >= best_v)
+                cand = (x > NEG_INF) & may_win(la, u, best_v)
                 if tl.max(tl.max(cand.to(tl.int32), axis=1), axis=0) > 0:
+                    if APPROX:
+                        l = div_t(x, t)
                     v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                     best_v, best_i = pair_max(best_v, best_i, v, i)
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if need_bmax:
-                bm = tl.max(l, axis=1)
+                if APPROX:
+                    bm = div_t(tl.max(x, axis=1), t)       # = max(x / T) per block: division is monotone
+                else:
+                    bm = tl.max(l, axis=1)
                 b = s // BB + tl.arange(0, TILE)
                 tl.store(bmax_ptr + row.to(tl.int64) * nblk + b, bm, mask=b < nblk)
                 if need_se:
                     new_m = tl.maximum(se_m, tl.max(bm, axis=0))
-                    # only bounds read this sum (with margins): the fast exp will do
+                    # only bounds read this sum (with margins; a bracket they misplace fails
+                    # certification): the fast exp and x * (1 / T) will do
                     se_s = se_s * tl.where(new_m > NEG_INF, fexp(se_m - new_m, False), 1.0)
-                    se_s += tl.sum(tl.sum(tl.where(l > NEG_INF, fexp(l - new_m, False), 0.0), axis=1), axis=0)
+                    se_s += tl.sum(tl.sum(tl.where(la > NEG_INF, fexp(la - new_m, False), 0.0), axis=1), axis=0)
                     se_m = new_m
         xr = xr_next
     raw_v, raw_i = argmax_pair(rv, ri)
     tl.store(raw_v_ptr + part, raw_v)
     tl.store(raw_i_ptr + part, raw_i)
-    tl.store(max_ptr + part, tl.max(tl.max(mxv, axis=1), axis=0))
+    mx = tl.max(tl.max(mxv, axis=1), axis=0)
+    if APPROX:
+        mx = div_t(mx, t)
+    tl.store(max_ptr + part, mx)
     tl.store(best_v_ptr + part, best_v)
     tl.store(best_i_ptr + part, best_i)
     tl.store(se_m_ptr + part, se_m)

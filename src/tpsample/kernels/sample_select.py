@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .sample_bracket import range_for_top_p
-from .sample_scan import row_flags
+from .sample_scan import fp32_nonan, row_flags
 from .sample_state import (
     BRACKET,
     COLLECT,
@@ -27,12 +27,14 @@ from .sample_state import (
     start_search,
 )
 from .tlutil import (
+    BIG_ID32,
     NEG_INF,
     argmax_pair,
     fexp,
     key_to_float,
     max_key_with_count,
     order_key,
+    pair_max,
 )
 
 
@@ -69,7 +71,20 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["col_offset"])
-def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
+def raw_argmax(xrow, ncols):
+    """First argmax of one row of x (NaN as -inf), one program: only for the guard's rare rows."""
+    best_v = tl.full((), NEG_INF, tl.float32)
+    best_i = tl.full((), 0, tl.int32)
+    offs = tl.arange(0, 1024)
+    for s in range(0, ncols, 1024):
+        x = fp32_nonan(tl.load(xrow + s + offs, mask=s + offs < ncols, other=NEG_INF))
+        v, i = argmax_pair(x, tl.where(s + offs < ncols, s + offs, BIG_ID32))
+        best_v, best_i = pair_max(best_v, best_i, v, i)
+    return tl.where(best_v > NEG_INF, best_i, 0).to(tl.int32)
+
+
+@triton.jit
+def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
@@ -84,18 +99,21 @@ def select_kernel(t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
     p = tl.load(p_ptr + row)
     lmp = tl.load(lmp_ptr + row)
     mode, topk, topp, minp = row_flags(tl.load(t_ptr + row), k, p, lmp, ncols)
-    raw_i = tl.where(mode == GREEDY, raw_i, 0)      # the guard's token off greedy rows (see sample_scan)
+    valid = tl.where(mode == GREEDY, raw_v > NEG_INF, tl.where(mode == PLAIN, best_v > NEG_INF, m > NEG_INF))
+    # the guard's token is x's argmax; the scan has it only for greedy rows, and a row off
+    # greedy needs it only when every x / T is -inf: x has no entry above -inf (then column 0)
+    # or every x / T overflows to -inf (x near -FLT_MAX * T), which takes a search here
+    raw_i = tl.where(mode == GREEDY, raw_i, 0)
+    if (mode != GREEDY) & (~valid):
+        raw_i = raw_argmax(x_ptr + row.to(tl.int64) * stride, ncols)
     tl.store(st_raw + row, raw_i)
     tl.store(st_m + row, m)
     tl.store(cand_n + row, 0)
     stage = tl.full((), DONE, tl.int32)
     token = raw_i
-    valid = raw_v > NEG_INF
     if mode == PLAIN:
-        valid = best_v > NEG_INF
         token = tl.where(valid, best_i, raw_i)
     elif mode == FILTER:
-        valid = m > NEG_INF
         topp = topp & (m < float("inf"))
         t1 = tl.where(minp, m + lmp, NEG_INF)
         tl.store(st_t1 + row, t1)

@@ -58,7 +58,7 @@ def merge_top(lv, li, v, ids, cand, n, NP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["col_offset", "val_offset"])
-def stats_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, val_ptr, n,
+def stats_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, val_ptr, val_stride, n,
                  max_ptr, arg_ptr, sm_ptr, ss_ptr, top_v_ptr, top_i_ptr, cnt_ptr, val_offset,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_T: tl.constexpr,
                  HAS_THR: tl.constexpr, LSE: tl.constexpr, NP: tl.constexpr, TOP: tl.constexpr,
@@ -72,11 +72,11 @@ def stats_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, val_ptr, n,
     val = 0.0
     if CNT:
         if TOK:     # val_ptr holds global token ids: the count is of entries above that token's value
-            local = tl.minimum(tl.maximum(tl.load(val_ptr + row) - val_offset, 0), ncols - 1)
+            local = tl.minimum(tl.maximum(tl.load(val_ptr + row * val_stride) - val_offset, 0), ncols - 1)
             val = tl.max(load_transformed(x_ptr, row_off, local + tl.arange(0, 1), local + tl.arange(0, 1) < ncols,
                                           t, thr, HAS_T, HAS_THR), axis=0)
         else:
-            val = tl.load(val_ptr + row)
+            val = tl.load(val_ptr + row * val_stride)
     mx = tl.full((), NEG_INF, tl.float32)
     arg = tl.full((), BIG_ID32, tl.int32)
     sm = tl.full((), NEG_INF, tl.float32)

@@ -46,11 +46,11 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
     t = dummy if temperature is None else temperature.to(dev, f32).contiguous()
     thr = dummy if threshold is None else threshold.to(dev, f32).contiguous()
     counted = values is not None or tokens is not None
-    if tokens is not None:
-        val = tokens.to(dev, i64).contiguous()
+    if tokens is not None:      # read with its stride (a column of the results block): no copy
+        val = tokens.to(dev, i64)
     else:
         val = dummy if values is None else values.to(dev, f32).contiguous()
-    _launcher(stats_kernel)((rows, splits), x, x.stride(0), cols, t, thr, val, n, p_max, p_arg, p_sm, p_ss, p_tv, p_ti,
+    _launcher(stats_kernel)((rows, splits), x, x.stride(0), cols, t, thr, val, val.stride(0) if val.dim() else 0, n, p_max, p_arg, p_sm, p_ss, p_tv, p_ti,
                             p_cnt, col_offset, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block,
                             HAS_T=temperature is not None, HAS_THR=threshold is not None, LSE=lse, NP=np_, TOP=n > 0,
                             CNT=counted, TOK=tokens is not None, num_warps=cfg.num_warps)

@@ -1,0 +1,97 @@
+"""Launch-shape sweep of `sample_rows` on a GPU: device time per call for KernelConfig variants.
+
+For each case and size and each variant that applies to it: the device time of the sampling
+kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
+point are left out) and of each kernel, with a check that every variant gives the default's
+tokens.
+    python scripts/tune_kernels.py [rows ...]
+Prints a table per size and ends with one JSON line."""
+import json
+import statistics
+import sys
+
+import torch
+
+from tpsample import noise
+from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.dispatch import sample_rows
+
+CASES = {   # temperature, top_k, top_p, min_p
+    "greedy": (0.0, 0, 1.0, 0.0),
+    "temperature": (0.8, 0, 1.0, 0.0),
+    "topk_topp": (0.8, 50, 0.9, 0.0),
+    "topp": (0.8, 0, 0.9, 0.0),
+    "minp": (0.8, 0, 1.0, 0.05),
+}
+VARIANTS = {
+    "default": (KernelConfig(), None),
+    "exact_bounds": (KernelConfig(approx_bound=False), {"temperature", "topp"}),
+    "bb512": (KernelConfig(bracket_block=512), {"topp"}),
+    "bb1024": (KernelConfig(bracket_block=1024), {"topp"}),
+    "bb1024_h2": (KernelConfig(bracket_block=1024, hist_warps=2), {"topp"}),
+    "bb512_w2_h2": (KernelConfig(bracket_block=512, hist_warps=2, num_warps=2), {"topp", "topk_topp", "minp"}),
+    "bb1024_w2_h2": (KernelConfig(bracket_block=1024, hist_warps=2, num_warps=2), {"topp", "topk_topp", "minp"}),
+    "bb2048_w4_h4": (KernelConfig(bracket_block=2048, hist_warps=4, num_warps=4), {"topp"}),
+    "b512": (KernelConfig(block=512), {"topk_topp", "minp"}),
+    "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
+    "scan2048": (KernelConfig(scan_cols=2048), {"temperature", "greedy"}),
+    "scan2048_8": (KernelConfig(scan_cols=2048, scan_warps=8), {"temperature", "greedy"}),
+    "scan512_2": (KernelConfig(scan_cols=512, scan_warps=2), {"temperature", "greedy"}),
+}
+OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
+        "drain_kernel")
+
+
+def args_for(case, rows, vocab, gen):
+    t, k, p, mp = CASES[case]
+    x = torch.randn(rows, vocab, device="cuda", generator=gen) * 3
+    dev = x.device
+    lmp = float("-inf") if mp == 0 else float(torch.log(torch.tensor(mp)))
+    k0, k1 = noise.row_keys(torch.arange(rows, device=dev) + 5, torch.arange(rows, device=dev), noise.SALT_DRAW)
+    return (x, torch.full((rows,), t, device=dev), torch.full((rows,), k, dtype=torch.int32, device=dev),
+            torch.full((rows,), p, device=dev), torch.full((rows,), lmp, device=dev), k0, k1)
+
+
+def per_kernel(fn, n=10):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name in OURS:
+            out[e.name] = out.get(e.name, 0.0) + e.device_time_total / n
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def main():
+    sizes = [int(a) for a in sys.argv[1:]] or [32, 256, 1024]
+    vocab = 151936
+    results = []
+    for rows in sizes:
+        print(f"=== {rows} rows x {vocab}")
+        for ci, case in enumerate(CASES):
+            a = args_for(case, rows, vocab, torch.Generator("cuda").manual_seed(rows * 10 + ci))
+            want = sample_rows(*a)[0]
+            line, kernels = {}, {}
+            for name, (cfg, cases) in VARIANTS.items():
+                if cases is not None and case not in cases:
+                    continue
+                got = sample_rows(*a, cfg=cfg)[0]
+                kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))
+                line[name] = (round(sum(kernels[name].values()), 1), bool(torch.equal(got, want)))
+            best = min(line, key=lambda n: line[n][0])
+            print(f"  {case:12s} " + "  ".join(f"{n}={v[0]:.0f}{'' if v[1] else '(DIFF)'}" for n, v in line.items()))
+            for n in dict.fromkeys(("default", best)):
+                print(f"    {n}: " + ", ".join(f"{k} {v}" for k, v in kernels[n].items()))
+            results.append({"rows": rows, "case": case, "us": {n: v[0] for n, v in line.items()},
+                            "same_tokens": {n: v[1] for n, v in line.items()}, "best": best, "kernels": kernels})
+            sys.stdout.flush()
+    print(json.dumps({"bench": "tune_kernels", "vocab": vocab, "results": results}))
+
+
+if __name__ == "__main__":
+    main()
