@@ -7,7 +7,8 @@
 #          included (tests/test_kernels_*.py; a new gpu-marked test goes into a phase's file list).
 # sampler: the TP strategy tests with CUDA tensors (TPSAMPLE_TEST_DEVICE=cuda; the gloo ranks
 #          share GPU 0), which puts the Sampler on its CUDA paths (fused kernels included), and
-#          the CUDA-vs-CPU sampler tests.
+#          the CUDA-vs-CPU sampler tests (graphs and launch-list replays included); then the
+#          ops' GPU tests (CUDA-graph capture, inductor).
 # engine:  the engine tests; tpsample.LLM picks CUDA when there is one GPU per rank, so TP=1 runs
 #          on the GPU, and TP=2 runs on two GPUs over NCCL when the machine has them.
 # nccl:    every strategy over NCCL, one rank per GPU (tests/test_nccl.py); only with 2+ GPUs.
@@ -81,6 +82,7 @@ for phase in "${phases[@]}"; do
                  -m "gpu or not gpu" ;;
     sampler) export TPSAMPLE_TEST_DEVICE=cuda
              run_phase sampler tests/test_tp_strategies.py tests/test_sampler_cuda.py -m "gpu or not gpu"
+             run_phase ops tests/test_ops.py -m gpu
              unset TPSAMPLE_TEST_DEVICE ;;
     engine)  run_phase engine tests/test_engine_generate.py tests/test_engine_tp.py tests/test_engine_structured.py \
                  tests/test_engine_scheduler.py tests/test_engine_gpu.py tests/test_engine_memory.py -m "gpu or not gpu" ;;

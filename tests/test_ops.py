@@ -350,3 +350,26 @@ def test_ops_sample_replays_from_a_cuda_graph():
         assert torch.equal(out.token_ids, want.token_ids)
         assert torch.equal(out.logprobs.token_ids, want.logprobs.token_ids)
         assert torch.equal(out.logprobs.logprobs, want.logprobs.logprobs)
+
+
+@pytest.mark.gpu
+def test_ops_compile_with_inductor_on_the_gpu():
+    """torch.compile(fullgraph=True, inductor) of a step calling the ops on CUDA tensors: the
+    custom ops stay opaque calls into the sampling kernels, with the eager tokens and logprobs."""
+    dev = torch.device("cuda")
+    rows = 8
+
+    def step(x, t, k, seeds, pos, hist):
+        l = ops.apply_penalties(x * 1.0, output_token_ids=hist, repetition=1.3, frequency=0.2)
+        out = ops.sample(l, temperature=t, top_k=k, top_p=0.9, seeds=seeds, positions=pos, logprobs=2)
+        return out.token_ids, out.logprobs.logprobs
+
+    compiled = torch.compile(step, fullgraph=True)
+    for i in range(2):
+        g = torch.Generator(device=dev).manual_seed(i)
+        args = (torch.randn(rows, 32000, device=dev, generator=g) * 3,
+                torch.linspace(0, 1.2, rows, device=dev), torch.tensor([0, 50] * (rows // 2), device=dev),
+                torch.arange(rows, device=dev), torch.full((rows,), 7 + i, dtype=torch.int64, device=dev),
+                torch.randint(0, 32000, (rows, 5), device=dev, generator=g))
+        for a, b in zip(compiled(*args), step(*args)):
+            assert torch.equal(a, b)

@@ -17,7 +17,9 @@ from tpsample import autograph
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
-              pytest.mark.filterwarnings("ignore::RuntimeWarning")]   # numpy's inf - inf in masked lanes
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),   # numpy's inf - inf in masked lanes
+              pytest.mark.skipif(torch.cuda.is_available(),         # the interpreter is set up only without CUDA
+                                 reason="CPU kernels through the interpreter; test_sampler_cuda.py runs the GPU case")]
 
 V = 300
 PARAMS = {"k": P(seed=2, top_k=20, top_p=0.9), "g": P(temperature=0, logprobs=2), "p": P(seed=1, top_p=0.8),
