@@ -119,7 +119,7 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         return lambda: (out.token_lists(), out.logprobs)
 
     out = [{"impl": "tpsample eager", **_measure(call, iters, refill, x.device)}]
-    if not inplace:     # a new logits buffer every call: never replayed, the launch path's own cost
+    if not inplace:     # a new logits buffer every call: no graph; after a few calls the launch-list replay
         bufs, turn = (x, x.clone()), [0]
 
         def call_new():
