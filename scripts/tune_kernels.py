@@ -7,7 +7,6 @@ tokens.
     python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
-import statistics
 import sys
 
 import torch

@@ -373,3 +373,25 @@ def test_ops_compile_with_inductor_on_the_gpu():
                 torch.randint(0, 32000, (rows, 5), device=dev, generator=g))
         for a, b in zip(compiled(*args), step(*args)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_ops_direct_route_gives_the_table_route_tokens_on_the_gpu():
+    """Without logprobs the op launches the kernels from its tensors directly; with logprobs it
+    goes through the Sampler's tables: the same tokens, NaN counts and guard flags."""
+    dev = torch.device("cuda")
+    rows = 64
+    g = torch.Generator(device=dev).manual_seed(3)
+    x = torch.randn(rows, 50000, device=dev, generator=g) * 3
+    x[5, ::3] = float("nan")
+    x[6] = NEG_INF
+    def cycle(values):
+        return torch.tensor(values * (rows // len(values)), device=dev)
+    kw = {"temperature": torch.linspace(0, 1.5, rows, device=dev), "top_k": cycle([0, 20, -1, 60000]),
+          "top_p": cycle([1.0, 0.9, 0.5, 0.95]), "min_p": cycle([0.0, 0.0, 0.05, 0.0]),
+          "seeds": torch.arange(rows, device=dev) * 7,
+          "positions": torch.full((rows,), 11, dtype=torch.int64, device=dev)}
+    direct = ops.sample(x, **kw)
+    table = ops.sample(x, logprobs=1, **kw)
+    assert torch.equal(direct.token_ids, table.token_ids)
+    assert torch.equal(direct.num_nans, table.num_nans) and torch.equal(direct.fallback, table.fallback)

@@ -82,3 +82,30 @@ def test_penalty_kernel_gives_the_torch_processors_values(monkeypatch):
         got[on] = ops.apply_penalties(x, **args)
     assert torch.equal(got["0"], got["1"])
     assert not torch.equal(got["0"], x)
+
+
+def test_the_direct_kernel_route_gives_the_sampler_tokens(kernel_calls, monkeypatch):
+    """Without logprobs or a bitmask the op launches the kernels straight from its per-row
+    tensors (no tables): the Sampler's tokens, NaN counts and guard flags, with the hints the
+    host knows and with every hint on (what device tensors give)."""
+    import tpsample.ops.impl as impl
+    direct = [0]
+    real = impl.sample_direct
+
+    def counted(*a, **k):
+        direct[0] += 1
+        return real(*a, **k)
+    monkeypatch.setattr(impl, "sample_direct", counted)
+    want = sampler_run(PARAMS, PROMPT_LENS, 3, special_rows)
+    for step, w in enumerate(want):
+        rows = per_row(PARAMS, PROMPT_LENS, step)
+        got = ops.sample(special_rows(step), **rows)
+        assert got.logprobs is None
+        assert got.token_ids.tolist() == w.sampled_token_ids[:, 0].tolist(), step
+        assert got.fallback.tolist() == [bool(f) for f in w.num_fallback.tolist()]
+        assert got.num_nans.tolist() == w.num_nans.tolist()
+        raw = torch.ops.tpsample.sample(special_rows(step), rows["temperature"].float(), rows["top_k"],
+                                        rows["top_p"].float(), rows["min_p"].float(), rows["seeds"],
+                                        rows["positions"], None, -1, False, -1)
+        assert raw[0].tolist() == got.token_ids.tolist() and raw[1].tolist() == got.fallback.tolist()
+    assert direct[0] == 2 * len(want)

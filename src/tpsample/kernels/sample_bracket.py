@@ -13,9 +13,10 @@ sum of exp(l - m)):
   split) and an exact count histogram of the entries in [lo, m] over NBH bins uniform in value,
   bin(l) = min(floor((l - lo) * inv), NBH - 1) in fp32 (monotone in l, so bins are value
   intervals); global atomics, only for entries in range.
-- `bracket` (bracket_kernel, one program per row): from the counts, bounds of the mass above each bin (count x exp of the bin's edges,
-  with margins) against the exact target p * S give the bins that surely hold kept entries and
-  those that surely do not; v* lies in the bins between (the bracket), whose count is exact.
+- `bracket` (bracket_kernel, one program per row): from the counts, bounds of the mass above
+  each bin (count x exp of the bin's edges, with margins) against the exact target p * S give
+  the bins that surely hold kept entries and those that surely do not; v* lies in the bins
+  between (the bracket), whose count is exact.
 - round (pass 3, `collect_bracket`): the bracket's entries become candidates (key, column);
   entries above the bracket, all kept, give their exact mass and their Gumbel winner.
 - finish (`resolve_bracket`): v* from the candidates' exact masses, certified exactly:

@@ -134,11 +134,11 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         stages = (3 if hints.any_top_k_or_p else 2) | (8 if hints.any_top_p_alone else 0)
         fallbacks = fallback_counter(dev)
         if hints.any_top_p_alone:
-            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv,
-                 ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.bracket_block, NBH=cfg.hist_bins,
-                 EXACT_EXP=exact_exp, num_warps=cfg.hist_warps)
-            BRACKET.at(site, (rows,), p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst, ws.blast,
-                       ws.bcount, NSPLIT=splits, CAP=cfg.cap, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
+            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
+                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.bracket_block,
+                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=cfg.hist_warps)
+            BRACKET.at(site, (rows,), p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
+                       ws.blast, ws.bcount, NSPLIT=splits, CAP=cfg.cap, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

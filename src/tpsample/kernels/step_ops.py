@@ -4,6 +4,8 @@
   (same bits; uint32 arithmetic wraps as the torch version's 16-bit halves emulate).
 - `prepare_rows(...)`: a step's per-row kernel inputs gathered from the per-slot tables (T,
   top-k, top-p, log(min-p)) and the draw's row keys from (seed, position), in one launch.
+- `prepare_given(...)`: the same inputs from parameters given per row (the stateless ops).
+- `split_outputs(...)`: finalize_rows's columns as separate tensors (the ops' outputs).
 - `finalize_rows(...)`: the packed per-request block (token, 1, 0, NaN count, guard flag) of a
   step without drafts from the kernels' outputs (+inf winners flagged, the guard's token when
   given), in one launch.
@@ -25,18 +27,20 @@ ROW_KEY1_SALT = tl.constexpr(0x68E31DA4)
 
 
 @triton.jit
+def keys_of(seed, pos, salt):
+    """(key0, key1) uint32 of int64 seeds and positions: `tpsample.noise.row_keys`'s bits."""
+    h = fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ salt.to(tl.uint32))
+    h = fmix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h = fmix32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+    k0 = fmix32(h ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    return k0, fmix32(k0 ^ ROW_KEY1_SALT)
+
+
+@triton.jit
 def _row_keys_kernel(seed_ptr, pos_ptr, k0_ptr, k1_ptr, n, salt, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
-    seed = tl.load(seed_ptr + offs, mask=ok, other=0)
-    pos = tl.load(pos_ptr + offs, mask=ok, other=0)
-    seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    seed_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    h = fmix32(seed_lo ^ salt.to(tl.uint32))
-    h = fmix32(h ^ seed_hi)
-    h = fmix32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
-    k0 = fmix32(h ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    k1 = fmix32(k0 ^ ROW_KEY1_SALT)
+    k0, k1 = keys_of(tl.load(seed_ptr + offs, mask=ok, other=0), tl.load(pos_ptr + offs, mask=ok, other=0), salt)
     tl.store(k0_ptr + offs, k0.to(tl.int64), mask=ok)
     tl.store(k1_ptr + offs, k1.to(tl.int64), mask=ok)
 
@@ -101,15 +105,46 @@ def _prepare_kernel(f32_ptr, f32_stride, i64_ptr, i64_stride, num_out_ptr, slot_
     seed = tl.load(i64_ptr + SEED * i64_stride + slot, mask=ok, other=0)
     pos = tl.load(i64_ptr + PROMPT_LEN * i64_stride + slot, mask=ok, other=0) \
         + tl.load(num_out_ptr + slot, mask=ok, other=0) + tl.load(off_ptr + offs, mask=ok, other=0)
-    h = fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ salt.to(tl.uint32))
-    h = fmix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    h = fmix32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
-    k0 = fmix32(h ^ ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    k0, k1 = keys_of(seed, pos, salt)
     tl.store(k0_out + offs, k0.to(tl.int64), mask=ok)
-    tl.store(k1_out + offs, fmix32(k0 ^ ROW_KEY1_SALT).to(tl.int64), mask=ok)
+    tl.store(k1_out + offs, k1.to(tl.int64), mask=ok)
 
 
 _PREPARE = Launcher(_prepare_kernel)
+
+
+@triton.jit
+def _prepare_given_kernel(t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, pos_ptr, n, ncols, salt,
+                          t_out, k_out, p_out, lmp_out, k0_out, k1_out, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    t = tl.load(t_ptr + offs, mask=ok, other=1.0)
+    k = tl.load(k_ptr + offs, mask=ok, other=0)
+    greedy = t == 0
+    # as the Sampler stores a request: greedy rows have no filters; top-k <= 0 or >= V is off
+    k = tl.where(greedy | (k <= 0) | (k >= ncols), 0, k)
+    tl.store(t_out + offs, t, mask=ok)
+    tl.store(k_out + offs, k.to(tl.int32), mask=ok)
+    tl.store(p_out + offs, tl.where(greedy, 1.0, tl.load(p_ptr + offs, mask=ok, other=1.0)), mask=ok)
+    tl.store(lmp_out + offs, tl.log(tl.where(greedy, 0.0, tl.load(mp_ptr + offs, mask=ok, other=1.0))), mask=ok)
+    k0, k1 = keys_of(tl.load(seed_ptr + offs, mask=ok, other=0), tl.load(pos_ptr + offs, mask=ok, other=0), salt)
+    tl.store(k0_out + offs, k0.to(tl.int64), mask=ok)
+    tl.store(k1_out + offs, k1.to(tl.int64), mask=ok)
+
+
+_PREPARE_GIVEN = Launcher(_prepare_given_kernel)
+
+
+def prepare_given(temperature, top_k, top_p, min_p, seeds, positions, ncols: int, salt: int, out=None):
+    """`prepare_rows` for parameters given per row ([n] fp32 T / top-p / min-p, int64 top-k /
+    seeds / positions, as given: normalised here as the Sampler stores a request)."""
+    n = temperature.shape[0]
+    bufs = out if out is not None else row_buffers(n, temperature.device)
+    if n:
+        block = 256
+        _PREPARE_GIVEN((cdiv(n, block),), temperature, top_k, top_p, min_p, seeds, positions, n, ncols,
+                       salt & 0xFFFFFFFF, *bufs, BLOCK=block)
+    return bufs
 
 
 def row_buffers(n: int, dev) -> tuple:
@@ -134,13 +169,19 @@ def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, colum
 
 
 @triton.jit
+def _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, col_offset):
+    """No finite kept token: the kernel's guard, or a winner at +inf."""
+    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
+    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
+    return (tl.load(valid_ptr + row) == 0) | (v == float("inf"))
+
+
+@triton.jit
 def _finalize_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, col_offset, nans_ptr, gv_ptr, gi_ptr, out_ptr,
                      NSPLIT: tl.constexpr, GSPLIT: tl.constexpr, HAS_GUARD: tl.constexpr):
     row = tl.program_id(0)
     tok = tl.load(tok_ptr + row)
-    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
-    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
-    fallback = (tl.load(valid_ptr + row) == 0) | (v == float("inf"))
+    fallback = _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, col_offset)
     if HAS_GUARD:   # the largest value over the guard's parts, the lowest id holding it
         g = row * GSPLIT + tl.arange(0, GSPLIT)
         gvs = tl.load(gv_ptr + g)
@@ -159,6 +200,31 @@ def _finalize_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, col_offset, nan
 
 
 _FINALIZE = Launcher(_finalize_kernel)
+
+
+@triton.jit
+def _outputs_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, nans_ptr, fb_out, nans_out, ranks_out,
+                    NSPLIT: tl.constexpr):
+    row = tl.program_id(0)
+    tok = tl.load(tok_ptr + row)
+    tl.store(fb_out + row, _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, 0))
+    tl.store(nans_out + row, tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0))
+    tl.store(ranks_out + row, 0)
+
+
+_OUTPUTS = Launcher(_outputs_kernel)
+
+
+def split_outputs(tokens, valid, x, nans):
+    """(fallback [R] bool, NaN counts [R] int64, zero ranks [R] int64) of full rows sampled by
+    `sample_rows` (nans: its [R, splits] partials), as new tensors: finalize_rows's columns."""
+    rows, dev = tokens.shape[0], tokens.device
+    fb = torch.empty(rows, dtype=torch.bool, device=dev)
+    counts = torch.empty(rows, dtype=torch.int64, device=dev)
+    ranks = torch.empty(rows, dtype=torch.int64, device=dev)
+    if rows:
+        _OUTPUTS((rows,), tokens, valid, x, x.stride(0), x.shape[1], nans, fb, counts, ranks, NSPLIT=nans.shape[1])
+    return fb, counts, ranks
 
 
 def finalize_rows(tokens, valid, x, col_offset: int, nans, guard=None) -> torch.Tensor:
