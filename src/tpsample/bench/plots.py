@@ -23,6 +23,7 @@ IMPLS = {
     "tpsample graph": ("tpsample, CUDA graph", "#1f77b4", "o"),
     "tpsample eager": ("tpsample, eager", "#2ca02c", "s"),
     "tpsample eager, new buffer": ("tpsample, eager, new buffer", "#98df8a", "v"),
+    "tpsample ops": ("tpsample ops (stateless)", "#9467bd", "*"),
     "flashinfer": ("FlashInfer", "#d62728", "D"),
     "torch_sort": ("torch sort", "#7f7f7f", "^"),
     "torch_multinomial": ("torch multinomial", "#8c564b", "P"),
