@@ -95,6 +95,7 @@ def forced_exact(group):
     from tpsample.parallel.group import TPGroup
     from tpsample.parallel.vocab_parallel import ShardReducer
     from tpsample.parallel.vocab.split_rows import sample_split
+    from tpsample.sampling.rows_in import SampleArgs
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
     g = TPGroup.resolve(group)
@@ -108,7 +109,7 @@ def forced_exact(group):
                         torch.device("cpu"))
     x = step_logits(5, 0, ROWS, V)[:, start:end].contiguous()
     comm = Collectives(g)
-    res = sample_split(x, start, b, ShardReducer(comm), force_exact=True)
+    res = sample_split(SampleArgs(x, start, b, ShardReducer(comm)), force_exact=True)
     return {"tokens": res.emitted.tolist(), "lp": res.lp_ids.tolist(), "ranks": res.lp_ranks.tolist(),
             "exact_rows": res.exact_rows, "collectives": comm.stats.num_collectives}
 

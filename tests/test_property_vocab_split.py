@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tpsample import SamplingParams, vocab_shard
 from tpsample.sampling.pipeline import sample_rows
+from tpsample.sampling.rows_in import SampleArgs
 from tpsample.sampling.reducer import LocalRows, best_of_parts
 from tpsample.state.rows import RowsView
 from tpsample.state.store import RequestStore
@@ -57,7 +58,7 @@ def run_split(x: torch.Tensor, batch, tp: int):
     def rank_main(r):
         try:
             s, e = vocab_shard(vocab, tp, r)
-            results[r] = sample_rows(x[:, s:e].contiguous(), s, batch, ThreadShards(shared, r, tp))
+            results[r] = sample_rows(SampleArgs(x[:, s:e].contiguous(), s, batch, ThreadShards(shared, r, tp)))
         except BaseException as exc:   # surface errors from the thread
             errors.append(exc)
             shared["barrier"].abort()
@@ -102,7 +103,7 @@ def test_any_column_split_gives_the_full_row_tokens(vocab, tp, params, data_seed
     n = len(params)
     batch = store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.array(draft, np.int64)),
                             torch.device("cpu"))
-    full = sample_rows(x, 0, batch, LocalRows())
+    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
     for part in run_split(x, batch, tp):
         assert torch.equal(part.emitted, full.emitted)
         assert torch.equal(part.accepted, full.accepted)
@@ -131,7 +132,7 @@ def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False)
     def rank_main(r):
         try:
             s, e = vocab_shard(vocab, tp, r)
-            results[r] = sample_split(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp),
+            results[r] = sample_split(SampleArgs(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp)),
                                       force_exact=force_exact)
         except BaseException as exc:   # surface errors from the thread
             errors.append(exc)
@@ -183,7 +184,7 @@ def test_split_rounds_give_the_full_row_tokens(vocab, tp, params, data_seed, tie
     if nans:
         x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")
     batch = _batch(params, vocab)
-    full = sample_rows(x, 0, batch, LocalRows())
+    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
     parts, calls = run_split_rounds(x, batch, tp, force_exact)
     for part in parts:
         assert_same_rows(part, full)
@@ -201,7 +202,7 @@ def test_split_top_p_counts_ties_beyond_the_candidates():
     x[:, 1:100] = 0.0                                    # 99 ties at the 3rd value
     params = [SamplingParams(temperature=1.0, top_k=3, top_p=0.5, seed=i) for i in range(n)]
     batch = _batch(params, vocab)
-    full = sample_rows(x, 0, batch, LocalRows())
+    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
     assert (full.emitted != 0).sum() > n // 2           # the ties are kept, and usually drawn
     for tp in (2, 3):
         parts, calls = run_split_rounds(x, batch, tp)
@@ -221,7 +222,7 @@ def test_split_top_p_undecided_crossing_takes_the_exact_path():
     x[:, 40] = 0.0495                   # the other part at TP = 2; one 1/256-nat sub-bin holds both
     params = [SamplingParams(temperature=1.0, top_p=0.5, seed=1000 + i) for i in range(n)]
     batch = _batch(params, vocab)
-    full = sample_rows(x, 0, batch, LocalRows())
+    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
     assert (full.emitted == 10).all()                    # only the upper token is kept
     parts, _ = run_split_rounds(x, batch, 2)
     for part in parts:

@@ -32,6 +32,7 @@ from ..parallel.registry import STRATEGIES
 from ..parallel.shard import vocab_shard
 from ..kernels.config import kernels_wanted
 from ..sampling.reducer import LocalRows
+from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch
 from ..noise import SALT_DRAW
 from .table import RowTable, hints_from_bits, identity_view
@@ -66,7 +67,7 @@ def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor
     dev, n = x.device, table.size
     view = identity_view(n)
     b = table.row_batch(view, dev)
-    res = sample_batch(x, 0, b, lambda rows: table.row_batch(view.subset(rows), dev), LocalRows(), bitmask=bitmask)
+    res = sample_batch(SampleArgs(x, 0, b, LocalRows(), bitmask), lambda rows: table.row_batch(view.subset(rows), dev))
     if width:
         ids, vals, ranks = pad_logprobs(res, n, width, dev)
     else:

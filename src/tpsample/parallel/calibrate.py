@@ -20,6 +20,7 @@ import torch
 
 from ..params import SamplingParams
 from ..sampling.reducer import LocalRows
+from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch
 from ..state.rows import RowsView
 from ..state.store import RequestStore
@@ -142,8 +143,9 @@ def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
         view = RowsView(np.arange(r), np.zeros(r, np.int64), np.full(r, -1, np.int64))
         b = store.row_batch(view, device)
         if name == "split":
-            return lambda: sample_split(x, 0, b, LocalRows())
-        return lambda: sample_batch(x, 0, b, lambda sub: store.row_batch(view.subset(sub), device), LocalRows())
+            return lambda: sample_split(SampleArgs(x, 0, b, LocalRows()))
+        args = SampleArgs(x, 0, b, LocalRows())
+        return lambda: sample_batch(args, lambda sub: store.row_batch(view.subset(sub), device))
 
     calls = [run(name, r, c) for name in ("full", "split") for r, c in ((1, sizes[name][0]), (sizes[name][2], sizes[name][1]))]
     t = _timed_together(calls, device, 2)          # interleaved: both paths see the same machine

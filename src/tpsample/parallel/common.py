@@ -16,6 +16,7 @@ import torch
 
 from ..sampling.assembly import RequestRows, assemble
 from ..sampling.output import LogprobsOutput
+from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch
 from ..state.store import RequestStore
 from .collectives import Collectives
@@ -69,8 +70,8 @@ def sample_requests(x: torch.Tensor, col_start: int, plan: SamplingPlan, ctx: St
     view = plan.rows_view(req_indices)
     dev = x.device
     b = ctx.store.row_batch(view, dev)
-    res = sample_fn(x, col_start, b, lambda rows: ctx.store.row_batch(view.subset(rows), dev), red,
-                    bitmask=bitmask, draft_probs=draft_probs, meter=ctx.meter, inplace=inplace)
+    args = SampleArgs(x, col_start, b, red, bitmask, draft_probs, ctx.meter, inplace)
+    res = sample_fn(args, lambda rows: ctx.store.row_batch(view.subset(rows), dev))
     ctx.exact_rows += res.exact_rows
     layout = None
     if plan.has_drafts:

@@ -42,9 +42,9 @@ class ShardReducer:
         return best_of_parts(parts[:, :, 0].to(values.dtype), parts[:, :, 1].to(torch.int64))
 
 
-def _split_batch(x, col_start, b, batch_of, red, *, bitmask=None, draft_probs=None, meter=None, inplace=False):
+def _split_batch(a, batch_of):
     """`run.sample_batch`'s signature over the round pipeline (no drafts here)."""
-    return sample_split(x, col_start, b, red, bitmask=bitmask, meter=meter, inplace=inplace)
+    return sample_split(a)
 
 
 class VocabParallel:

@@ -20,6 +20,7 @@ from ..state.rowbatch import HostRows, RowBatch
 from . import processors as P
 from .reducer import LocalRows
 from .result import RowResult
+from .rows_in import SampleArgs
 
 
 def _wanted(x: torch.Tensor) -> bool:
@@ -50,10 +51,11 @@ _PREPARE_COLUMNS = {"T": COLUMNS["temperature"], "TOP_P": COLUMNS["top_p"], "MIN
                     "SEED": COLUMNS["seed"], "TOP_K": COLUMNS["top_k"], "PROMPT_LEN": COLUMNS["prompt_len"]}
 
 
-def try_fast_path(x: torch.Tensor, col_start: int, b: RowBatch, red, bitmask, draft_probs,
-                  inplace: bool, meter=None, force: bool = False):
+def try_fast_path(a: SampleArgs, force: bool = False):
     """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
     caller replaces those rows' results). Raw logprobs come from the kernels."""
+    x, col_start, b, red, bitmask, inplace = a.x, a.col_start, a.batch, a.red, a.bitmask, a.inplace
+    draft_probs = a.draft_probs
     if not _wanted(x) or not isinstance(red, LocalRows) or (draft_probs is not None and not force):
         return None
     if not force and (b.lp_proc_rows is not None or b.drafts_any):

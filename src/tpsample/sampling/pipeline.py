@@ -1,8 +1,8 @@
 """The sampling pipeline: docs/semantics.md steps 1-12 applied to a block of rows, in order.
 
-`sample_rows(x, col_start, batch, red)` takes logits rows `x` ([rows, cols], any float dtype)
-holding global columns [col_start, col_start + cols) and a reducer (`LocalRows` for full rows,
-a shard reducer for vocab-parallel). It returns a `RowResult` with, per row, the token the row
+`sample_rows(SampleArgs(x, col_start, batch, red, ...))` takes logits rows `x` ([rows, cols],
+any float dtype) holding global columns [col_start, col_start + cols) and a reducer
+(`LocalRows` for full rows, a shard reducer for vocab-parallel; see `rows_in.SampleArgs`). It returns a `RowResult` with, per row, the token the row
 emits if it is reached: the sampled token for ordinary and bonus rows; for a row that verifies a
 draft token, that token when accepted, else the sampled token (a draft distribution's rows: the
 residual draw; see rejection.py). The same function serves every strategy, so equal logits and
@@ -28,18 +28,17 @@ from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
 from .result import RowResult
+from .rows_in import SampleArgs
 from .topp import top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
 
 
-def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
-                bitmask: Optional[torch.Tensor] = None,
-                draft_probs: Optional[torch.Tensor] = None, meter=None,
-                inplace: bool = False) -> RowResult:
+def sample_rows(a: SampleArgs) -> RowResult:
+    x, col_start, b, red, draft_probs = a.x, a.col_start, a.batch, a.red, a.draft_probs
     dev = x.device
-    f = front(x, col_start, b, bitmask, inplace)
+    f = front(a)
     l, local_nans, guard_local, raw, greedy_local = f.l, f.nans, f.guard, f.raw, f.greedy
     if b.sample_any:
         P.apply_temperature(l, b.temperature)                             # 6
@@ -68,7 +67,7 @@ def sample_rows(x: torch.Tensor, col_start: int, b: RowBatch, red,
     out = RowResult(emitted, accepted, fallback, num_nans)
     if b.logprobs_max >= 0:                                               # 11
         _logprobs(out, l, raw, b, col_start, red)
-    note_memory(meter, f)
+    note_memory(a.meter, f)
     return out
 
 
@@ -83,9 +82,9 @@ class Front:
     greedy: tuple                           # local (max, id) of the processed row
 
 
-def front(x: torch.Tensor, col_start: int, b: RowBatch, bitmask: Optional[torch.Tensor],
-          inplace: bool) -> Front:
+def front(a: SampleArgs) -> Front:
     """Steps 1-5 on the columns held (no communication)."""
+    x, col_start, b, bitmask, inplace = a.x, a.col_start, a.batch, a.bitmask, a.inplace
     copy = not (inplace and x.dtype == torch.float32)
     l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
     local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], x.device))  # 1

@@ -8,7 +8,7 @@ on a copy of just those rows. Shards
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,21 +19,20 @@ from .fastpath import _wanted, try_fast_path
 from .pipeline import sample_rows
 from .reducer import LocalRows
 from .result import RowResult
+from .rows_in import SampleArgs
 
 
-def sample_batch(x: torch.Tensor, col_start: int, b: RowBatch, batch_of: Callable[[np.ndarray], RowBatch],
-                 red, bitmask: Optional[torch.Tensor] = None, draft_probs: Optional[torch.Tensor] = None,
-                 meter=None, inplace: bool = False) -> RowResult:
-    """batch_of(rows): the RowBatch of a subset of b's rows (host indices), for the split."""
-    if _wanted(x) and isinstance(red, LocalRows):
-        slow = _slow_rows(b.host)
-        if len(slow) == 0 and draft_probs is None:
-            res = try_fast_path(x, col_start, b, red, bitmask, None, inplace, meter)
+def sample_batch(a: SampleArgs, batch_of: Callable[[np.ndarray], RowBatch]) -> RowResult:
+    """batch_of(rows): the RowBatch of a subset of the rows (host indices), for the split."""
+    if _wanted(a.x) and isinstance(a.red, LocalRows):
+        slow = _slow_rows(a.batch.host)
+        if len(slow) == 0 and a.draft_probs is None:
+            res = try_fast_path(a)
         else:
-            res = _split(x, col_start, b, batch_of, red, bitmask, draft_probs, meter, inplace, slow)
+            res = _split(a, batch_of, slow)
         if res is not None:
             return res
-    return sample_rows(x, col_start, b, red, bitmask=bitmask, draft_probs=draft_probs, meter=meter, inplace=inplace)
+    return sample_rows(a)
 
 
 def _slow_rows(host) -> np.ndarray:
@@ -44,21 +43,18 @@ def _slow_rows(host) -> np.ndarray:
     return got
 
 
-def _split(x, col_start, b, batch_of, red, bitmask, draft_probs, meter, inplace, slow):
+def _split(a: SampleArgs, batch_of, slow):
     """All rows through the kernels, then the slow rows through the torch pipeline; None when
     the kernels do not apply."""
     res_slow = idx = None
     if len(slow):   # before the kernels, which may reuse x in place
-        idx = torch.from_numpy(slow).to(x.device, non_blocking=True)
-        res_slow = sample_rows(x.index_select(0, idx), col_start, batch_of(slow), red,
-                               None if bitmask is None else bitmask.to(x.device).index_select(0, idx),
-                               None if draft_probs is None else draft_probs.index_select(0, idx),
-                               meter, inplace=True)
-    res = try_fast_path(x, col_start, b, red, bitmask, draft_probs, inplace, meter, force=True)
+        idx = torch.from_numpy(slow).to(a.x.device, non_blocking=True)
+        res_slow = sample_rows(a.rows(idx, batch_of(slow)))
+    res = try_fast_path(a, force=True)
     if res is None:
         return None
     if res_slow is not None:
-        _merge(res, res_slow, idx, b.logprobs_max)
+        _merge(res, res_slow, idx, a.batch.logprobs_max)
     return res
 
 

@@ -1,6 +1,6 @@
 """Rows split by vocabulary, sampled in rounds: the vocab-parallel pipeline.
 
-`sample_split(x, col_start, b, red)` gives the same `RowResult` as `pipeline.sample_rows` on the
+`sample_split(SampleArgs(x, col_start, b, red))` gives the same `RowResult` as `pipeline.sample_rows` on the
 full rows (the same thresholds, noise and tie rules), but talks in a fixed number of rounds,
 each one `red.gather` of a packed buffer:
 1. summary (only when some row uses top-k, min-p or top-p): per part its top values, tie counts
@@ -26,16 +26,16 @@ from ...sampling.draw import guard_tokens, local_gumbel_draw
 from ...sampling.filters import row_chunks
 from ...sampling.pipeline import front, note_memory
 from ...sampling.result import RowResult
+from ...sampling.rows_in import SampleArgs
 from ...sampling.topp import _radix_search
-from ...state.rowbatch import RowBatch
 from . import summary, topp_band, topp_band_lp
 from .packing import Packet, best_part, take
 from .split_logprobs import LpRows, logprob_round
 
 
-def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=None, meter=None,
-                 inplace: bool = False, force_exact: bool = False) -> RowResult:
-    f = front(x, col_start, b, bitmask, inplace)
+def sample_split(a: SampleArgs, *, force_exact: bool = False) -> RowResult:
+    x, col_start, b, red = a.x, a.col_start, a.batch, a.red
+    f = front(a)
     l, dev, n = f.l, x.device, b.num_rows
     needs = summary.RowNeeds.of(b)
     band = torch.from_numpy(needs.band).to(dev, non_blocking=True) if len(needs.band) else None
@@ -70,7 +70,7 @@ def sample_split(x: torch.Tensor, col_start: int, b: RowBatch, red, *, bitmask=N
         vx = torch.where(fallback, w.guard[2], torch.where(is_greedy, w.greedy[2], w.drawn[2]))
         out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(lp, emitted, vx, b.num_logprobs, b.logprobs_max, red,
                                                               band_lp, mass_shift(b.vocab_size))
-    note_memory(meter, f)
+    note_memory(a.meter, f)
     return out
 
 
