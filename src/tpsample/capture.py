@@ -97,6 +97,23 @@ class ReplayGuard:
                              "capture again")
 
 
+def reserve(sampler, plan, dev, reserve_tokens: int) -> int:
+    """Before recording a step: the sampler's device set, the store synced with room for
+    `reserve_tokens` more tokens per request; returns the history capacity (the guard's limit)."""
+    store = sampler.store
+    if sampler.device is None:
+        sampler.device = dev
+    upper = store.history.upper[plan.slots]
+    store.sync(dev, int(upper.max()) + reserve_tokens if plan.num_reqs else reserve_tokens)
+    return store.history.capacity
+
+
+def step_context(sampler) -> StepContext:
+    """The StepContext a recorded step runs with (no drafts)."""
+    s = sampler
+    return StepContext(s.store, s.vocab_size, s.col_start, s.col_end, Collectives(s.group), inplace=s.inplace_logits)
+
+
 def _require_cuda(logits: torch.Tensor) -> None:
     if not logits.is_cuda:
         raise ValueError("capture needs CUDA logits")
@@ -110,11 +127,7 @@ class CapturedStep:
         _require_cuda(logits)
         self.sampler, self.plan, self.logits = sampler, plan, logits
         store, dev = sampler.store, logits.device
-        if sampler.device is None:
-            sampler.device = dev
-        upper = store.history.upper[plan.slots]
-        store.sync(dev, int(upper.max()) + reserve_tokens if plan.num_reqs else reserve_tokens)
-        limit = store.history.capacity
+        limit = reserve(sampler, plan, dev, reserve_tokens)
         self._slots_dev = plan.device_array("slots", plan.slots, dev)
         self._append = append_kernel(dev)
         # recorded per-step history views (penalties, bad words) span the whole reserve, so they
@@ -129,9 +142,7 @@ class CapturedStep:
         self._guard = ReplayGuard(store, plan, limit)
 
     def _ctx(self) -> StepContext:
-        s = self.sampler
-        return StepContext(s.store, s.vocab_size, s.col_start, s.col_end, Collectives(s.group),
-                           inplace=s.inplace_logits)
+        return step_context(self.sampler)
 
     def _record(self) -> None:
         """The step the graph holds: sample, append to the history, copy the results out."""

@@ -25,10 +25,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .capture import ReplayGuard, check_capturable
+from .capture import ReplayGuard, check_capturable, reserve, step_context
 from .kernels import launcher
-from .parallel.collectives import Collectives
-from .parallel.common import StepContext
 from .parallel.registry import STRATEGIES
 from .sampling.keys import append_kernel
 from .sampling.output import ReplayResults, SamplerOutput
@@ -118,14 +116,9 @@ class TapedStep:
         self.sampler, self.plan = sampler, plan
         self.key = _buffer_key(logits)
         store, dev = sampler.store, logits.device
-        if sampler.device is None:
-            sampler.device = dev
-        upper = store.history.upper[plan.slots]
-        store.sync(dev, int(upper.max()) + reserve_tokens if plan.num_reqs else reserve_tokens)
-        limit = store.history.capacity
+        limit = reserve(sampler, plan, dev, reserve_tokens)
         slots_dev = plan.device_array("slots", plan.slots, dev)
-        ctx = StepContext(store, sampler.vocab_size, sampler.col_start, sampler.col_end, Collectives(sampler.group),
-                          inplace=sampler.inplace_logits)
+        ctx = step_context(sampler)
         with store.history.full_width():
             warm = STRATEGIES[plan.strategy].sample(logits, plan, ctx)      # compiles kernels, fills caches
             self._results = ReplayResults(warm.block, plan.max_rows, warm.logprobs)
