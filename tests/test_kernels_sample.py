@@ -130,9 +130,8 @@ def test_single_row_with_many_programs():
         check(x, [config], KernelConfig(splits=8, block=32, scan_cols=32, cap=16, small=8))
 
 
-@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(approx_bound=False),
-                                 KernelConfig(bracket_block=1024, hist_warps=2, splits=2)],
-                         ids=["approx_bounds", "exact_bounds", "wide_bracket_blocks"])
+@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(block=1024, num_warps=2, splits=2)],
+                         ids=["default", "wide_blocks"])
 def test_skip_bounds_hold_at_extreme_magnitudes(cfg):
     """The scan's skip bounds from x * (1 / T) stay upper bounds of x / T + g at every scale:
     rows of size 1e6 and 1e30, T down to 1e-6 (x / T near the fp32 maximum or overflowing),

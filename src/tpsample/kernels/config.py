@@ -21,9 +21,6 @@ class KernelConfig:
     inside a warp or two; ~16 programs per SM in all. CAP candidates per row, P pivots and NB
     histogram bins per search pass."""
     block: int = 256           # columns per step in the round passes
-    bracket_block: int = 256   # columns per step in the top-p bracket's hist and collect passes
-    hist_warps: int = 1        # warps of the bracket's hist pass
-    approx_bound: bool = True  # the scan's skip bounds from x * (1 / T) with a margin (exact l where used)
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     cap: int = 2048
     small: int = 256

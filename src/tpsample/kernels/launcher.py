@@ -13,8 +13,8 @@ takes the normal path.
 
 A `Tape` (the `recording()` context) keeps every launch made while it is open, with its
 arguments, so that the same launches can be issued again over another input buffer
-(`Tape.replay`); a launch it cannot repeat (a compile, the interpreter's first launch of a
-specialisation) marks it incomplete.
+(`tpsample.tape` does); a launch it cannot repeat (one that compiles a kernel) marks it
+incomplete.
 """
 from __future__ import annotations
 
@@ -151,13 +151,13 @@ class Launcher:
 
     def __call__(self, grid, *args, **constexprs):
         if not self.direct or os.environ.get("TRITON_INTERPRET", "0") == "1":
-            if _TAPE:
-                _record(self, None, grid, args, constexprs)
-                from torch.utils._python_dispatch import _disable_current_modes
-                with _disable_current_modes():      # the interpreter's own copies are not the step's work
-                    self.fn[grid](*args, **constexprs)
+            if not _TAPE:
+                self.fn[grid](*args, **constexprs)
                 return
-            self.fn[grid](*args, **constexprs)
+            _record(self, None, grid, args, constexprs)
+            from torch.utils._python_dispatch import _disable_current_modes
+            with _disable_current_modes():      # the interpreter's own copies are not the step's work
+                self.fn[grid](*args, **constexprs)
             return
         key = launch_key(args, constexprs, self.const_positions)
         compiled = self.cache.get(key)

@@ -120,7 +120,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
-         APPROX=cfg.approx_bound, num_warps=cfg.scan_warps)
+         num_warps=cfg.scan_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.se_m, ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
@@ -135,8 +135,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         fallbacks = fallback_counter(dev)
         if hints.any_top_p_alone:
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
-                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.bracket_block,
-                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=cfg.hist_warps)
+                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block,
+                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=nw)
             BRACKET.at(site, (rows,), p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
                        ws.blast, ws.bcount, NSPLIT=splits, CAP=cfg.cap, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
@@ -144,8 +144,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
               ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount,
               NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
-              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, BBLOCK=cfg.bracket_block,
-              num_warps=nw)
+              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=nw)
         FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,

@@ -137,9 +137,8 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
                st_hlo, st_hinv, st_first, st_last, st_count,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-               NBH: tl.constexpr, BBLOCK: tl.constexpr):
-    """One split's pass of one row, by the row's stage (nothing for DONE rows). BBLOCK: columns
-    per step of the BRACKET stage (fewer steps, fewer candidate-counter atomics)."""
+               NBH: tl.constexpr):
+    """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
         part = row * NSPLIT + split
@@ -172,7 +171,7 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
         if ((STAGES & 8) != 0) & (stage == BRACKET):
             _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
                           st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
-                          p_cnt, BBLOCK, CAP, NBH, EXACT_EXP)
+                          p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -183,7 +182,7 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                  st_last, st_count,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-                 NBH: tl.constexpr, BBLOCK: tl.constexpr):
+                 NBH: tl.constexpr):
     """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET); the
     first round leaves HIST out (rows there wait a round), which keeps that variant's registers
     low."""
@@ -193,5 +192,4 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH,
-               BBLOCK)
+               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)

@@ -59,13 +59,13 @@ def fp32_nonan(xr):
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
                 raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, nan_ptr, bmax_ptr,
                 nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
-                EXACT_EXP: tl.constexpr, MODES: tl.constexpr, APPROX: tl.constexpr):
+                EXACT_EXP: tl.constexpr, MODES: tl.constexpr):
     """MODES: which row modes the batch holds (1 greedy, 2 plain, 4 filter); code for absent
     modes is not compiled, which keeps registers (and so occupancy) to what the batch needs.
-    APPROX: the per-entry division l = x / T (IEEE, several instructions) is left out of the
-    loop: maxima are taken over x and divided once (division by T > 0 is monotone), the skip
-    bound of plain rows and the top-p sum use x * (1 / T) with a margin (see `may_win`), and
-    l itself is computed only in the blocks that may hold the winner."""
+    The per-entry division l = x / T (IEEE, several instructions) stays out of the loop: maxima
+    are taken over x and divided once (division by T > 0 is monotone), the skip test of plain
+    rows and the top-p sum use la = x * (1 / T) with a margin (see `may_win`), and l itself is
+    computed only in the blocks that may hold the winner."""
     row = tl.program_id(0)
     part = row * NSPLIT + tl.program_id(1)
     start, end = chunk_bounds(ncols, CHUNK)
@@ -99,33 +99,22 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         if (MODES & 1) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == GREEDY:
                 rv, ri = acc_argmax(rv, ri, x, cols)
-        if APPROX:
-            if (MODES & 6) != 0:
-                la = x * inv_t
-                src = x
-        else:
-            if (MODES & 6) != 0:
-                l = div_t(x, t)
-                la = l
-                src = l
+        if (MODES & 6) != 0:
+            la = x * inv_t
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == FILTER:
-                mxv = tl.maximum(mxv, src)
+                mxv = tl.maximum(mxv, x)
         if (MODES & 2) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == PLAIN:
                 u = uniform_bits(k0, k1, cols + col_offset)
                 cand = (x > NEG_INF) & may_win(la, u, best_v)
                 if tl.max(tl.max(cand.to(tl.int32), axis=1), axis=0) > 0:
-                    if APPROX:
-                        l = div_t(x, t)
+                    l = div_t(x, t)
                     v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                     best_v, best_i = pair_max(best_v, best_i, v, i)
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if need_bmax:
-                if APPROX:
-                    bm = div_t(tl.max(x, axis=1), t)       # = max(x / T) per block: division is monotone
-                else:
-                    bm = tl.max(l, axis=1)
+                bm = div_t(tl.max(x, axis=1), t)       # = max(x / T) per block: division is monotone
                 b = s // BB + tl.arange(0, TILE)
                 tl.store(bmax_ptr + row.to(tl.int64) * nblk + b, bm, mask=b < nblk)
                 if need_se:
@@ -139,10 +128,7 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     raw_v, raw_i = argmax_pair(rv, ri)
     tl.store(raw_v_ptr + part, raw_v)
     tl.store(raw_i_ptr + part, raw_i)
-    mx = tl.max(tl.max(mxv, axis=1), axis=0)
-    if APPROX:
-        mx = div_t(mx, t)
-    tl.store(max_ptr + part, mx)
+    tl.store(max_ptr + part, div_t(tl.max(tl.max(mxv, axis=1), axis=0), t))
     tl.store(best_v_ptr + part, best_v)
     tl.store(best_i_ptr + part, best_i)
     tl.store(se_m_ptr + part, se_m)

@@ -70,7 +70,7 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
     return tau, tl.sum((bv >= tau).to(tl.int32), axis=0)
 
 
-@triton.jit(do_not_specialize=["col_offset"])
+@triton.jit
 def raw_argmax(xrow, ncols):
     """First argmax of one row of x (NaN as -inf), one program: only for the guard's rare rows."""
     best_v = tl.full((), NEG_INF, tl.float32)
@@ -83,7 +83,7 @@ def raw_argmax(xrow, ncols):
     return tl.where(best_v > NEG_INF, best_i, 0).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["col_offset"])
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,

@@ -53,7 +53,7 @@ def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offse
     _launcher(stats_kernel)((rows, splits), x, x.stride(0), cols, t, thr, val, val.stride(0) if val.dim() else 0, n,
                             p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, col_offset, NSPLIT=splits, CHUNK=chunk,
                             BLOCK=cfg.block, HAS_T=temperature is not None, HAS_THR=threshold is not None, LSE=lse,
-                            NP=np_, TOP=n > 0,                            CNT=counted, TOK=tokens is not None, num_warps=cfg.num_warps)
+                            NP=np_, TOP=n > 0, CNT=counted, TOK=tokens is not None, num_warps=cfg.num_warps)
     out_max, out_arg = torch.empty(rows, dtype=f32, device=dev), torch.empty(rows, dtype=i64, device=dev)
     out_lse = torch.empty(rows, dtype=f32, device=dev)
     out_v = torch.empty((rows, n), dtype=f32, device=dev)

@@ -31,10 +31,10 @@ from ..parallel.plan import build_plan
 from ..parallel.registry import STRATEGIES
 from ..parallel.shard import vocab_shard
 from ..kernels.config import kernels_wanted
+from ..noise import SALT_DRAW
 from ..sampling.reducer import LocalRows
 from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch
-from ..noise import SALT_DRAW
 from .table import RowTable, hints_from_bits, identity_view
 
 

@@ -2,10 +2,11 @@
 
 `sample_rows(SampleArgs(x, col_start, batch, red, ...))` takes logits rows `x` ([rows, cols],
 any float dtype) holding global columns [col_start, col_start + cols) and a reducer
-(`LocalRows` for full rows, a shard reducer for vocab-parallel; see `rows_in.SampleArgs`). It returns a `RowResult` with, per row, the token the row
-emits if it is reached: the sampled token for ordinary and bonus rows; for a row that verifies a
-draft token, that token when accepted, else the sampled token (a draft distribution's rows: the
-residual draw; see rejection.py). The same function serves every strategy, so equal logits and
+(`LocalRows` for full rows, a shard reducer for vocab-parallel; see `rows_in.SampleArgs`). It
+returns a `RowResult` with, per row, the token the row emits if it is reached: the sampled
+token for ordinary and bonus rows; for a row that verifies a draft token, that token when
+accepted, else the sampled token (a draft distribution's rows: the residual draw; see
+rejection.py). The same function serves every strategy, so equal logits and
 seeds give equal tokens everywhere.
 
 Invariants: never returns an id outside [0, V); never materialises a logprob tensor; processors

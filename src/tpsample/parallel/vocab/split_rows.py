@@ -1,8 +1,8 @@
 """Rows split by vocabulary, sampled in rounds: the vocab-parallel pipeline.
 
-`sample_split(SampleArgs(x, col_start, b, red))` gives the same `RowResult` as `pipeline.sample_rows` on the
-full rows (the same thresholds, noise and tie rules), but talks in a fixed number of rounds,
-each one `red.gather` of a packed buffer:
+`sample_split(SampleArgs(x, col_start, b, red))` gives the same `RowResult` as
+`pipeline.sample_rows` on the full rows (the same thresholds, noise and tie rules), but talks in
+a fixed number of rounds, each one `red.gather` of a packed buffer:
 1. summary (only when some row uses top-k, min-p or top-p): per part its top values, tie counts
    and, for top-p rows without top-k, a mass histogram (summary.py, topp_band.py). Every rank
    then derives the same thresholds and draws its columns locally.
