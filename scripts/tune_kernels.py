@@ -28,11 +28,12 @@ VARIANTS = {
     "b1024": (KernelConfig(block=1024), {"topp", "topk_topp", "minp"}),
     "b512_w2": (KernelConfig(block=512, num_warps=2), {"topp", "topk_topp", "minp"}),
     "b1024_w2": (KernelConfig(block=1024, num_warps=2), {"topp", "topk_topp", "minp"}),
-    "b2048_w4": (KernelConfig(block=2048, num_warps=4), {"topp"}),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
-    "scan2048": (KernelConfig(scan_cols=2048), {"temperature", "greedy"}),
-    "scan2048_8": (KernelConfig(scan_cols=2048, scan_warps=8), {"temperature", "greedy"}),
-    "scan512_2": (KernelConfig(scan_cols=512, scan_warps=2), {"temperature", "greedy"}),
+    "scan1024": (KernelConfig(plain_scan_cols=1024), {"temperature", "greedy"}),
+    "scan512_2": (KernelConfig(scan_cols=512, plain_scan_cols=512, scan_warps=2), None),
+    "scan512_4": (KernelConfig(scan_cols=512), {"topp", "topk_topp", "minp"}),
+    "all2048": (KernelConfig(bracket_all=2048), {"topp"}),
+    "all0": (KernelConfig(bracket_all=0), {"topp"}),
 }
 OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
         "drain_kernel")

@@ -83,6 +83,17 @@ def test_each_configuration_alone(config):
     check(logits("randn", 4, 257, gen), [config] * 4, SEARCH if config[1] or config[2] < 1 else DEFAULT)
 
 
+@pytest.mark.parametrize("plain_cols", [32, 512])
+def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(plain_cols):
+    """A batch of greedy and temperature-only rows is scanned in its own (shorter) steps; the
+    draw is exact at any step, including across several steps and programs per row."""
+    gen = torch.Generator().manual_seed(4)
+    rows = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (2.5, 0, 1.0, 0.0)] * 2
+    x = logits("randn", len(rows), 3000, gen)
+    for cfg in (KernelConfig(plain_scan_cols=plain_cols), KernelConfig(plain_scan_cols=plain_cols, splits=4)):
+        check(x, rows, cfg)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_are_upcast_per_block(dtype):
     gen = torch.Generator().manual_seed(2)
@@ -161,6 +172,16 @@ def test_top_p_without_top_k_is_settled_by_the_bracket_pass(kind):
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
     assert _fallbacks_of(x, TOP_P_ALONE, DEFAULT) == 0
     assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(splits=4, block=64, scan_cols=64)) == 0
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
+    """With no entry collected beyond the bracket (bracket_all=0), the kept entries above it
+    are drawn and massed by the collect pass itself: exact tokens, and still no fallback."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 1)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0)) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, splits=4, block=64, scan_cols=64)) == 0
 
 
 def test_a_bracket_too_wide_for_the_candidates_falls_back_exactly():

@@ -22,11 +22,13 @@ class KernelConfig:
     histogram bins per search pass."""
     block: int = 256           # columns per step in the round passes
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
+    plain_scan_cols: int = 512     # at most this for batches with no filter row (greedy, temperature only)
     cap: int = 2048
     small: int = 256
     pivots: int = 8
     bins: int = 256
     hist_bins: int = 2048      # the bracket histogram of top-p rows without top-k (a power of two)
+    bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)

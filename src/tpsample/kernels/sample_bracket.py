@@ -63,14 +63,18 @@ def bin_of(l, lo, inv, NBH: tl.constexpr):
 
 
 @triton.jit
-def bracket(hist_ptr, row, lo, inv, m, target, scale, CAP: tl.constexpr, NBH: tl.constexpr):
+def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl.constexpr):
     """(first bin, last bin, count): the candidates are the entries of bins first..last; bins
     below `first` hold only dropped entries; entries of bins above `last` are all kept (their
     mass and winner come from the collect pass). v* lies in the bins that neither surely hold a
-    kept entry nor surely none; when every entry from `first` up fits in CAP, last is the top
-    bin (no entry above: the finish resolves everything from the candidates), else the last
-    bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
-    units, 2**shift per unit of exp)."""
+    kept entry nor surely none; when every entry from `first` up numbers at most ALL, last is
+    the top bin (no entry above: the finish resolves everything from the candidates), else the
+    last bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
+    units, 2**shift per unit of exp).
+
+    ALL is small (KernelConfig.bracket_all): appending a candidate costs a prefix sum over its
+    block, so a row whose ~1,000 kept entries were all appended paid one in nearly every block;
+    the entries above the bracket cost only their mass and a skip test instead."""
     b = tl.arange(0, NBH)
     h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b)
     w = 1.0 / (inv * NBH)
@@ -90,7 +94,7 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, CAP: tl.constexpr, NBH: tl
     first = tl.max(tl.where(dropped_sure, b, -1), axis=0) + 1
     upward = tl.sum(tl.where(b >= first, h, 0), axis=0)
     count = tl.sum(tl.where((b >= first) & (b <= last), h, 0), axis=0)
-    if upward <= CAP:
+    if upward <= ALL:
         last = NBH - 1
         count = upward
     return first, last, count
@@ -136,12 +140,12 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
 
 @triton.jit
 def bracket_kernel(p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last, st_count,
-                   NSPLIT: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr):
+                   NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr):
     """The bracket of each BRACKET row, once (the collect programs and the finish read it)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         first, last, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), tl.load(st_m + row),
-                                     _target(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, CAP, NBH)
+                                     _target(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
         tl.store(st_first + row, first)
         tl.store(st_last + row, last)
         tl.store(st_count + row, count)
