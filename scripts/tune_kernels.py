@@ -4,9 +4,10 @@ For each case and size and each variant that applies to it: the device time of t
 kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
 point are left out) and of each kernel, with a check that every variant gives the default's
 tokens.
-    python scripts/tune_kernels.py [rows ...]
+    [CASES=topp,minp] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
+import os
 import sys
 
 import torch
@@ -32,9 +33,13 @@ VARIANTS = {
     "scan1024": (KernelConfig(plain_scan_cols=1024), {"temperature", "greedy"}),
     "scan512_2": (KernelConfig(scan_cols=512, plain_scan_cols=512, scan_warps=2), None),
     "scan512_4": (KernelConfig(scan_cols=512), {"topp", "topk_topp", "minp"}),
+    "p32": (KernelConfig(programs_per_sm=32), {"topp", "topk_topp", "minp"}),
+    "p64": (KernelConfig(programs_per_sm=64), {"topp", "topk_topp", "minp"}),
+    "p64_w2": (KernelConfig(programs_per_sm=64, num_warps=2), {"topp", "topk_topp", "minp"}),
     "all2048": (KernelConfig(bracket_all=2048), {"topp"}),
     "all0": (KernelConfig(bracket_all=0), {"topp"}),
 }
+ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
 OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
         "drain_kernel")
 
@@ -71,6 +76,8 @@ def main():
     for rows in sizes:
         print(f"=== {rows} rows x {vocab}")
         for ci, case in enumerate(CASES):
+            if ONLY and case not in ONLY:
+                continue
             a = args_for(case, rows, vocab, torch.Generator("cuda").manual_seed(rows * 10 + ci))
             want = sample_rows(*a)[0]
             line, kernels = {}, {}

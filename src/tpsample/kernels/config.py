@@ -32,7 +32,8 @@ class KernelConfig:
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
-    splits: int | None = None       # programs per row; None: ~16 per SM in all
+    splits: int | None = None       # programs per row; None: ~programs_per_sm per SM in all
+    programs_per_sm: int = 16
     block_max_cols: int | None = None   # BB; None: 16..128 from V
 
 
@@ -101,13 +102,14 @@ def _sm_count(index: int) -> int:
 
 
 def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
-    """Programs per row: about 16 per SM in all (so R = 1 still fills the GPU), a power of two."""
+    """Programs per row: about cfg.programs_per_sm per SM in all (so R = 1 still fills the GPU), a
+    power of two."""
     if cfg.splits is not None:
         return cfg.splits
     if torch.device(device).type != "cuda":
         return 1
     sms = _sm_count(torch.device(device).index or 0)
-    want = _pow2(max(1, (16 * sms) // max(rows, 1)))
+    want = _pow2(max(1, (cfg.programs_per_sm * sms) // max(rows, 1)))
     most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
     return max(1, min(want, most))
 
