@@ -31,7 +31,7 @@ VARIANTS = {
     "b1024_w2": (KernelConfig(block=1024, num_warps=2), {"topp", "topk_topp", "minp"}),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
     "scan1024": (KernelConfig(plain_scan_cols=1024), {"temperature", "greedy"}),
-    "scan512_2": (KernelConfig(scan_cols=512, plain_scan_cols=512, scan_warps=2), None),
+    "scan512_2": (KernelConfig(scan_cols=512, scan_warps=2), None),
     "scan512_4": (KernelConfig(scan_cols=512), {"topp", "topk_topp", "minp"}),
     "p32": (KernelConfig(programs_per_sm=32), {"topp", "topk_topp", "minp"}),
     "p64": (KernelConfig(programs_per_sm=64), {"topp", "topk_topp", "minp"}),

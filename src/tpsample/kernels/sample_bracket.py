@@ -72,9 +72,9 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl
     last bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
     units, 2**shift per unit of exp).
 
-    ALL is small (KernelConfig.bracket_all): appending a candidate costs a prefix sum over its
-    block, so a row whose ~1,000 kept entries were all appended paid one in nearly every block;
-    the entries above the bracket cost only their mass and a skip test instead."""
+    ALL is small (KernelConfig.bracket_all): the finish then resolves ~100 bracket candidates
+    instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
+    the collect pass costs the same either way."""
     b = tl.arange(0, NBH)
     h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b)
     w = 1.0 / (inv * NBH)
