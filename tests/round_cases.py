@@ -5,12 +5,8 @@ every rank see the same numbers.
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 import torch
-import torch.distributed as dist
 from scenarios import step_logits
 
 import tpsample
@@ -93,8 +89,8 @@ def forced_exact(group):
     """The exact top-p path forced for every band row, through real collectives."""
     from tpsample.parallel.collectives import Collectives
     from tpsample.parallel.group import TPGroup
-    from tpsample.parallel.vocab_parallel import ShardReducer
     from tpsample.parallel.vocab.split_rows import sample_split
+    from tpsample.parallel.vocab_parallel import ShardReducer
     from tpsample.sampling.rows_in import SampleArgs
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
@@ -114,53 +110,20 @@ def forced_exact(group):
             "exact_rows": res.exact_rows, "collectives": comm.stats.num_collectives}
 
 
-def _max_over_ranks(t: float) -> float:
-    v = torch.tensor([t], dtype=torch.float64)
-    dist.all_reduce(v, op=dist.ReduceOp.MAX)
-    return float(v)
-
-
-def _interleaved(runs: dict, k: int) -> dict:
-    """k steps of every (sampler, logits, batch), taking turns; seconds of the slowest rank."""
-    times = {s: [] for s in runs}
-    for _ in range(k):
-        for s, (sp, xs, batch) in runs.items():
-            t0 = time.perf_counter()
-            sp.sample(xs, sp.plan(batch))
-            times[s].append(_max_over_ranks(time.perf_counter() - t0))
-    return times
-
-
-def auto_grid(group, vocabs=(1000, 32000), rows=(1, 8, 64), reps: int = 5):
-    """Per shape: every fixed strategy's step time (max over ranks, median over interleaved
-    repetitions) and auto's choice; a shape whose choice looks off is measured again once."""
-    fixed = ("replicated", "batch_sharded", "vocab_parallel")
+def auto_grid(group, vocabs=(1000, 32000), rows=(1, 8, 64)):
+    """Per shape: auto's choice, after its first use measured the costs it decides from."""
     results, calib = [], []
     for vocab in vocabs:
         n = max(rows)
-        samplers = {s: tpsample.Sampler(vocab, max_num_reqs=n, strategy=s, group=group, seed=3)
-                    for s in (*fixed, "auto")}
+        auto = tpsample.Sampler(vocab, max_num_reqs=n, strategy="auto", group=group, seed=3)
         ids = [f"a{i}" for i in range(n)]
-        start, end = tpsample.vocab_shard(vocab, samplers["auto"].tp_size, samplers["auto"].rank)
-        for s in samplers.values():
-            for i, r in enumerate(ids):
-                s.add_request(r, SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), [1])
+        start, end = tpsample.vocab_shard(vocab, auto.tp_size, auto.rank)
+        for i, r in enumerate(ids):
+            auto.add_request(r, SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), [1])
         x = step_logits(11, 0, n, vocab)[:, start:end].contiguous()
-        auto = samplers["auto"]
         auto.sample(x[:1], auto.plan(ids[:1]))                     # first use: measures
         calib.append((vocab, auto.auto.comm, list(auto.auto.steps.values())))
-        for r in rows:
-            choice = auto.plan(ids[:r]).strategy
-            runs = {s: (samplers[s], x[:r], ids[:r]) for s in fixed}
-            for sp, xs, batch in runs.values():                    # warm-up
-                sp.sample(xs, sp.plan(batch))
-            times = _interleaved(runs, reps)
-            med = {s: statistics.median(v) for s, v in times.items()}
-            retried = med[choice] > 1.1 * min(med.values())
-            if retried:
-                times = _interleaved(runs, 2 * reps + 1)
-            results.append({"vocab": vocab, "rows": r, "choice": choice, "retried": retried,
-                            "samples_ms": {s: [1e3 * t for t in v] for s, v in times.items()}})
+        results.extend({"vocab": vocab, "rows": r, "choice": auto.plan(ids[:r]).strategy} for r in rows)
     return {"grid": results, "calibration": calib}
 
 
