@@ -74,7 +74,7 @@ def append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP: tl.cons
     stored, so the finish sees the overflow."""
     nsel = tl.sum(sel.to(tl.int32), axis=0)
     if nsel > 0:
-        base = tl.atomic_add(cand_n + row, nsel)
+        base = tl.atomic_add(cand_n + row, nsel, sem="relaxed")   # read after the kernel: no fence
         pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
         ok = sel & (pos < CAP)
         tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
