@@ -4,7 +4,7 @@ For each case and size and each variant that applies to it: the device time of t
 kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
 point are left out) and of each kernel, with a check that every variant gives the default's
 tokens.
-    [CASES=topp,minp] python scripts/tune_kernels.py [rows ...]
+    [CASES=topp,minp] [SKIP=b1024,p64] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
 import os
@@ -25,20 +25,20 @@ CASES = {   # temperature, top_k, top_p, min_p
 }
 VARIANTS = {
     "default": (KernelConfig(), None),
-    "b512": (KernelConfig(block=512), {"topp", "topk_topp", "minp"}),
-    "b1024": (KernelConfig(block=1024), {"topp", "topk_topp", "minp"}),
-    "b512_w2": (KernelConfig(block=512, num_warps=2), {"topp", "topk_topp", "minp"}),
-    "b1024_w2": (KernelConfig(block=1024, num_warps=2), {"topp", "topk_topp", "minp"}),
+    "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), {"topp", "topk_topp", "minp"}),
+    "b256": (KernelConfig(filter_block=256), {"topp", "topk_topp", "minp"}),
+    "p16": (KernelConfig(filter_programs_per_sm=16), {"topp", "topk_topp", "minp"}),
+    "p64": (KernelConfig(filter_programs_per_sm=64), {"topp", "topk_topp", "minp"}),
+    "b64_p64": (KernelConfig(filter_block=64, filter_programs_per_sm=64), {"topp", "topk_topp", "minp"}),
+    "b128_w2": (KernelConfig(num_warps=2), {"topp", "topk_topp", "minp"}),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
     "scan1024": (KernelConfig(plain_scan_cols=1024), {"temperature", "greedy"}),
-    "scan512_2": (KernelConfig(scan_cols=512, scan_warps=2), None),
+    "plain_p32": (KernelConfig(programs_per_sm=32), {"temperature", "greedy"}),
     "scan512_4": (KernelConfig(scan_cols=512), {"topp", "topk_topp", "minp"}),
-    "p32": (KernelConfig(programs_per_sm=32), {"topp", "topk_topp", "minp"}),
-    "p64": (KernelConfig(programs_per_sm=64), {"topp", "topk_topp", "minp"}),
-    "p64_w2": (KernelConfig(programs_per_sm=64, num_warps=2), {"topp", "topk_topp", "minp"}),
     "all2048": (KernelConfig(bracket_all=2048), {"topp"}),
     "all0": (KernelConfig(bracket_all=0), {"topp"}),
 }
+SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
 OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
         "drain_kernel")
@@ -82,7 +82,7 @@ def main():
             want = sample_rows(*a)[0]
             line, kernels = {}, {}
             for name, (cfg, cases) in VARIANTS.items():
-                if cases is not None and case not in cases:
+                if (cases is not None and case not in cases) or name in SKIP:
                     continue
                 got = sample_rows(*a, cfg=cfg)[0]
                 kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))

@@ -18,9 +18,10 @@ MAX_ROUNDS = 64
 class KernelConfig:
     """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
     small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
-    inside a warp or two; ~16 programs per SM in all. CAP candidates per row, P pivots and NB
+    inside a warp or two; ~16 programs per SM in all, ~32 for batches with a filter row. CAP candidates per row, P pivots and NB
     histogram bins per search pass."""
-    block: int = 256           # columns per step in the round passes
+    block: int = 256           # columns per step in the round passes (and the stats kernels)
+    filter_block: int = 128    # at most this for batches with a filter row
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     plain_scan_cols: int = 512     # at most this for batches with no filter row (greedy, temperature only)
     cap: int = 2048
@@ -33,7 +34,8 @@ class KernelConfig:
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
     splits: int | None = None       # programs per row; None: ~programs_per_sm per SM in all
-    programs_per_sm: int = 16      # the splits' target (32 / 64 measured: no gain at 256 rows)
+    programs_per_sm: int = 16      # the splits' target
+    filter_programs_per_sm: int | None = 32     # batches with a filter row (None: programs_per_sm)
     block_max_cols: int | None = None   # BB; None: 16..128 from V
 
 
