@@ -9,11 +9,11 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from tune_kernels import args_for, per_kernel  # noqa: E402
+from tune_kernels import args_for, per_kernel
 
-from tpsample.kernels import launcher  # noqa: E402
-from tpsample.kernels.config import KernelConfig  # noqa: E402
-from tpsample.kernels.dispatch import sample_rows  # noqa: E402
+from tpsample.kernels import launcher
+from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.dispatch import sample_rows
 
 
 def main():
@@ -25,7 +25,7 @@ def main():
         sample_rows(*a, cfg=cfg)
         torch.cuda.synchronize()
         ws = next(v for k, v in launcher._SCRATCH.items() if k[2][0] == "sample")
-        q = lambda t: [round(float(v), 1) for v in torch.quantile(t.double(), torch.tensor([0, .1, .5, .9, 1.0], dtype=torch.float64, device=t.device))]  # noqa: E731
+        q = lambda t: [round(float(v), 1) for v in torch.quantile(t.double(), torch.tensor([0, .1, .5, .9, 1.0], dtype=torch.float64, device=t.device))]
         top = int(cfg.hist_bins) - 1
         print(f"{name}: rows at the top bin {int((ws.blast == top).sum())} of {rows}; first {q(ws.bfirst)} "
               f"last {q(ws.blast)} count {q(ws.bcount)}")

@@ -10,9 +10,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tune_kernels import args_for  # noqa: E402
+from tune_kernels import args_for
 
-from tpsample.kernels.dispatch import sample_rows  # noqa: E402
+from tpsample.kernels.dispatch import sample_rows
 
 
 def main():

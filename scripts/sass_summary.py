@@ -11,14 +11,15 @@ from collections import Counter
 
 def main():
     path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40
-    rows = list(csv.reader(open(path, newline="")))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if "Source" in r)
     cols = rows[head]
     src = cols.index("Source")
     ex = next(i for i, c in enumerate(cols) if c.startswith("Instructions Executed"))
     st = next(i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All"))
     by_op, st_op, lines = Counter(), Counter(), []
-    num = lambda s: float(s.replace(",", "") or 0)  # noqa: E731
+    num = lambda s: float(s.replace(",", "") or 0)
     for r in rows[head + 1:]:
         if len(r) <= max(src, ex, st):
             continue

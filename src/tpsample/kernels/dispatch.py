@@ -28,6 +28,8 @@ Must not import tpsample.sampling's pipeline (only rng); the sampler imports thi
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..numerics import mass_shift
@@ -53,6 +55,21 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
     return RowHints(*(bool(f) for f in flags))
 
 
+@functools.cache
+def _launch_sample():
+    """`sample_launch.launch_sample`, imported on first use (the kernels are built then,
+    interpreted or for the GPU) and kept, so a call runs no import statement."""
+    from .sample_launch import launch_sample
+    return launch_sample
+
+
+@functools.cache
+def _interpreting_on_cuda() -> bool:
+    """TRITON_INTERPRET on a CUDA machine, read once: it is fixed when the process starts there
+    (the tests set it per module only on machines without CUDA)."""
+    return interpreting()
+
+
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
                 exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None):
@@ -62,9 +79,6 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     that receives each row's NaN count (counted in the first pass, no extra read of x).
     out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
     per-row parameters must then already be contiguous, on x's device, in the dtypes above)."""
-    from .sample_launch import (
-        launch_sample,  # kernels are built on first use (interpreter or GPU)
-    )
     rows, cols = x.shape
     if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
         empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))
@@ -81,9 +95,9 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     if hints is None:
         hints = hints_from_params(params[0], params[1], params[2], params[3], cols)
     if exact_exp is None:
-        exact_exp = dev.type == "cuda" and not interpreting()
+        exact_exp = dev.type == "cuda" and not _interpreting_on_cuda()
     shift = mass_shift(vocab_size_global or cols)
-    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out)
+    return _launch_sample()(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out)
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,

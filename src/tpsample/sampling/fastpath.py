@@ -11,9 +11,11 @@ The kernels implement the same thresholds and noise, so tokens equal the torch p
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..kernels.config import kernels_wanted
+from ..kernels.config import RowHints, kernels_wanted
 from ..noise import SALT_DRAW
 from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch
@@ -21,6 +23,15 @@ from . import processors as P
 from .reducer import LocalRows
 from .result import RowResult
 from .rows_in import SampleArgs
+
+
+@functools.cache
+def _kernels():
+    """(dispatch, launcher, row_prep, step_ops): the kernel modules, imported on first use
+    (triton.jit picks interpreted or compiled when a kernel module is imported) and kept, so a
+    step runs no import statement."""
+    from ..kernels import dispatch, launcher, row_prep, step_ops
+    return dispatch, launcher, row_prep, step_ops
 
 
 def _wanted(x: torch.Tensor) -> bool:
@@ -34,7 +45,6 @@ def hints_from_host(host: HostRows, vocab_size: int):
     got = host.memo.get(("hints", vocab_size))
     if got is not None:
         return got
-    from ..kernels.dispatch import RowHints
     sampled = host.temperature != 0
     kp = sampled & (((host.top_k > 0) & (host.top_k < vocab_size)) | (host.top_p < 1))
     filt = kp | (sampled & (host.min_p > 0))
@@ -62,36 +72,33 @@ def try_fast_path(a: SampleArgs, force: bool = False):
         return None
     if x.stride(1) != 1:
         return None
-    from ..kernels.dispatch import sample_rows
+    dispatch, launcher, row_prep, step_ops = _kernels()
     l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
     if b.uses_processors or bitmask is not None:
-        from ..kernels.row_prep import prep_rows_
         l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
         # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
         # of each part of the row, for the guard
-        nans, *guard = prep_rows_(l, col_start, bitmask)
+        nans, *guard = row_prep.prep_rows_(l, col_start, bitmask)
         if b.lp_raw_rows is not None:
             if b.uses_processors:                  # raw logprobs see the row before steps 3-5
                 raw = l.clone()
             else:
                 raw = l
         P.apply_token_processors(l, b, col_start)
-    from ..kernels.launcher import stream_scratch
-    from ..kernels.step_ops import finalize_rows, prepare_rows, row_buffers
     src = b.source
     n, dev = b.num_rows, x.device
     # the per-row kernel inputs and raw draws live only within this call: reused buffers
-    scratch = stream_scratch(dev, ("fast_path", n), lambda: (row_buffers(n, dev), (
+    scratch = launcher.stream_scratch(dev, ("fast_path", n), lambda: (step_ops.row_buffers(n, dev), (
         torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
-    t, k, p, log_min_p, key0, key1 = prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
+    t, k, p, log_min_p, key0, key1 = step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
                                                   SALT_DRAW, _PREPARE_COLUMNS, out=scratch[0])
-    tokens, valid, nan_parts = sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
+    tokens, valid, nan_parts = dispatch.sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
                                            vocab_size_global=b.vocab_size,
                                            hints=hints_from_host(b.host, b.vocab_size), nans_out="partials",
                                            out=scratch[1])
     # a winner at +inf is no finite kept token either: the block flags it (its token, the lowest
     # +inf id, is the guard's choice already when the kernel ran on the caller's logits)
-    block = finalize_rows(tokens, valid, l, col_start, nan_parts if nans is None else nans, guard)
+    block = step_ops.finalize_rows(tokens, valid, l, col_start, nan_parts if nans is None else nans, guard)
     # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced call's
     # caller writes the draft rows' own results over it)
     res = RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
@@ -105,11 +112,10 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
     streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
     lays the rows out: no [rows, V] buffer."""
-    from ..kernels.dispatch import token_logprob_stats
-    from ..kernels.step_ops import raw_logprobs
+    dispatch, _, _, step_ops = _kernels()
     n = b.logprobs_max
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
-    lse, top_v, top_i, above = token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
+    lse, top_v, top_i, above = dispatch.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
     src = b.source
-    return raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, _LP_COLUMNS,
+    return step_ops.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, _LP_COLUMNS,
                         1 + n)

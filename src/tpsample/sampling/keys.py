@@ -2,7 +2,9 @@
 torch version is a chain of ~90 tiny integer ops), `tpsample.noise.row_keys` elsewhere."""
 from __future__ import annotations
 
+import functools
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -15,11 +17,24 @@ _OK: dict = {}
 def _kernel_ok(t: torch.Tensor) -> bool:
     """Kernels run on t's device: CUDA with Triton, or CPU when asked (the answer is kept per
     device and the two variables that decide it on CPU, which tests set per module)."""
+    if t.is_cuda:        # decided once per process on CUDA: no environment lookup per step
+        return kernels_wanted(t.device)
     key = (t.device, os.environ.get("TPSAMPLE_KERNELS_ON_CPU"), os.environ.get("TRITON_INTERPRET"))
     got = _OK.get(key)
     if got is None:
         got = _OK[key] = _kernel_ok_now(t)
     return got
+
+
+@functools.cache
+def _kernel_fns() -> SimpleNamespace:
+    """The per-step kernels, imported on first use (triton.jit picks interpreted or compiled when
+    a kernel module is imported) and kept, so a step runs no import statement."""
+    from ..kernels.history_ops import append_history
+    from ..kernels.penalties import apply_penalties_
+    from ..kernels.step_ops import mask_nans_, row_keys
+    return SimpleNamespace(append_history=append_history, apply_penalties_=apply_penalties_, mask_nans_=mask_nans_,
+                           row_keys=row_keys)
 
 
 def _kernel_ok_now(t: torch.Tensor) -> bool:
@@ -30,8 +45,7 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> tuple[t
     """(key0, key1) [rows] int64 in [0, 2**32): the same bits as `noise.row_keys`."""
     seeds, positions = seeds.to(torch.int64), positions.to(seeds.device, torch.int64)
     if _kernel_ok(seeds):
-        from ..kernels.step_ops import row_keys as kernel
-        return kernel(seeds, positions, salt)
+        return _kernel_fns().row_keys(seeds, positions, salt)
     return noise.row_keys(seeds, positions, salt)
 
 
@@ -50,21 +64,18 @@ def append_kernel(device: torch.device):
     """The history-append kernel for `device`, or None (torch ops then)."""
     if not _kernel_ok(_probe(device)):
         return None
-    from ..kernels.history_ops import append_history
-    return append_history
+    return _kernel_fns().append_history
 
 
 def mask_nans_kernel(device: torch.device):
     """The in-place NaN -> -inf kernel for `device`, or None (torch ops then)."""
     if not _kernel_ok(_probe(device)):
         return None
-    from ..kernels.step_ops import mask_nans_
-    return mask_nans_
+    return _kernel_fns().mask_nans_
 
 
 def penalty_kernel(device: torch.device):
     """The one-launch penalty kernel for `device` (`kernels.penalties`), or None (torch ops then)."""
     if not _kernel_ok(_probe(device)):
         return None
-    from ..kernels.penalties import apply_penalties_
-    return apply_penalties_
+    return _kernel_fns().apply_penalties_
