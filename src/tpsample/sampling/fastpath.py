@@ -1,4 +1,5 @@
-"""The fused Triton path for full rows on CUDA (the kernels in `tpsample.kernels`).
+"""The kernel backend of the sampling recipe (`recipe.py`): the fused Triton path for full rows
+on CUDA (the kernels in `tpsample.kernels`).
 
 `try_fast_path` returns a `RowResult` when the rows are whole on this rank (LocalRows), live on a
 CUDA device with Triton, and need neither draft verification nor processed logprobs (raw
@@ -20,6 +21,7 @@ from ..noise import SALT_DRAW
 from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch
 from . import processors as P
+from .recipe import sample_block
 from .reducer import LocalRows
 from .result import RowResult
 from .rows_in import SampleArgs
@@ -64,48 +66,81 @@ _PREPARE_COLUMNS = {"T": COLUMNS["temperature"], "TOP_P": COLUMNS["top_p"], "MIN
 def try_fast_path(a: SampleArgs, force: bool = False):
     """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
     caller replaces those rows' results). Raw logprobs come from the kernels."""
-    x, col_start, b, red, bitmask, inplace = a.x, a.col_start, a.batch, a.red, a.bitmask, a.inplace
-    draft_probs = a.draft_probs
-    if not _wanted(x) or not isinstance(red, LocalRows) or (draft_probs is not None and not force):
+    x, b = a.x, a.batch
+    if not _wanted(x) or not isinstance(a.red, LocalRows) or (a.draft_probs is not None and not force):
         return None
     if not force and (b.lp_proc_rows is not None or b.drafts_any):
         return None
     if x.stride(1) != 1:
         return None
-    dispatch, launcher, row_prep, step_ops = _kernels()
-    l, guard, raw, nans = x, None, None, None      # without processors the kernels count NaNs
-    if b.uses_processors or bitmask is not None:
-        l = x if (inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
-        # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
-        # of each part of the row, for the guard
-        nans, *guard = row_prep.prep_rows_(l, col_start, bitmask)
+    return sample_block(a, KERNELS)
+
+
+class _Step:
+    """One call's working state between the steps (see recipe.py)."""
+
+    def __init__(self, a: SampleArgs):
+        self.a = a
+        self.l = a.x                # the rows the kernels read
+        self.guard = None           # per-part best grammar-allowed (value, id), when prepared
+        self.raw = None             # the raw rows for raw logprobs, when they differ from x
+        self.nans = None            # NaN counts, when prepared (else the kernels count them)
+        self.drawn = None           # (tokens, valid, per-split NaN counts) from the kernels
+
+
+class KernelSteps:
+    """The recipe's steps on the fused kernels, for full rows on a kernel device."""
+
+    def front(self, a: SampleArgs) -> _Step:                              # 1-5
+        st = _Step(a)
+        x, b = a.x, a.batch
+        if b.uses_processors or a.bitmask is not None:
+            _, _, row_prep, _ = _kernels()
+            l = x if (a.inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
+            # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
+            # of each part of the row, for the guard
+            st.nans, *st.guard = row_prep.prep_rows_(l, a.col_start, a.bitmask)
+            if b.lp_raw_rows is not None:
+                st.raw = l.clone() if b.uses_processors else l   # raw logprobs see the row before 3-5
+            P.apply_token_processors(l, b, a.col_start)
+            st.l = l
+        return st
+
+    def draw(self, st: _Step) -> None:
+        """6-10 in the kernels' launch sequence (which also finds each row's raw argmax when no
+        front pass did)."""
+        dispatch, launcher, _, step_ops = _kernels()
+        b = st.a.batch
+        src = b.source
+        n, dev = b.num_rows, st.l.device
+        # the per-row kernel inputs and raw draws live only within this call: reused buffers
+        scratch = launcher.stream_scratch(dev, ("fast_path", n), lambda: (step_ops.row_buffers(n, dev), (
+            torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
+        t, k, p, log_min_p, key0, key1 = step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots,
+                                                               src.offsets, SALT_DRAW, _PREPARE_COLUMNS, out=scratch[0])
+        st.drawn = dispatch.sample_rows(st.l, t, k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
+                                        vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
+                                        nans_out="partials", out=scratch[1])
+
+    def guard(self, st: _Step) -> RowResult:                              # 12
+        _, _, _, step_ops = _kernels()
+        tokens, valid, nan_parts = st.drawn
+        # a winner at +inf is no finite kept token either: the block flags it (its token, the
+        # lowest +inf id, is the guard's choice already when the kernel ran on the caller's logits)
+        block = step_ops.finalize_rows(tokens, valid, st.l, st.a.col_start, nan_parts if st.nans is None else st.nans,
+                                       st.guard)
+        # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced
+        # call's caller writes the draft rows' own results over it)
+        return RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
+
+    def logprobs(self, st: _Step, out: RowResult) -> None:                # 11: raw rows here
+        a, b = st.a, st.a.batch
         if b.lp_raw_rows is not None:
-            if b.uses_processors:                  # raw logprobs see the row before steps 3-5
-                raw = l.clone()
-            else:
-                raw = l
-        P.apply_token_processors(l, b, col_start)
-    src = b.source
-    n, dev = b.num_rows, x.device
-    # the per-row kernel inputs and raw draws live only within this call: reused buffers
-    scratch = launcher.stream_scratch(dev, ("fast_path", n), lambda: (step_ops.row_buffers(n, dev), (
-        torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
-    t, k, p, log_min_p, key0, key1 = step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots, src.offsets,
-                                                  SALT_DRAW, _PREPARE_COLUMNS, out=scratch[0])
-    tokens, valid, nan_parts = dispatch.sample_rows(l, t, k, p, log_min_p, key0, key1, col_offset=col_start,
-                                           vocab_size_global=b.vocab_size,
-                                           hints=hints_from_host(b.host, b.vocab_size), nans_out="partials",
-                                           out=scratch[1])
-    # a winner at +inf is no finite kept token either: the block flags it (its token, the lowest
-    # +inf id, is the guard's choice already when the kernel ran on the caller's logits)
-    block = step_ops.finalize_rows(tokens, valid, l, col_start, nan_parts if nans is None else nans, guard)
-    # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced call's
-    # caller writes the draft rows' own results over it)
-    res = RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
-    tokens = res.emitted
-    if b.lp_raw_rows is not None:
-        res.lp_ids, res.lp_vals, res.lp_ranks = _raw_logprobs(raw if raw is not None else x, tokens, b, col_start)
-    return res
+            l_raw = st.raw if st.raw is not None else a.x
+            out.lp_ids, out.lp_vals, out.lp_ranks = _raw_logprobs(l_raw, out.emitted, b, a.col_start)
+
+
+KERNELS = KernelSteps()
 
 
 def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):

@@ -1,13 +1,14 @@
-"""The sampling pipeline: docs/semantics.md steps 1-12 applied to a block of rows, in order.
+"""The torch backend of the sampling recipe (`recipe.py`): docs/semantics.md steps 1-12 in
+torch ops, on a block of rows.
 
-`sample_rows(SampleArgs(x, col_start, batch, red, ...))` takes logits rows `x` ([rows, cols],
-any float dtype) holding global columns [col_start, col_start + cols) and a reducer
-(`LocalRows` for full rows, a shard reducer for vocab-parallel; see `rows_in.SampleArgs`). It
-returns a `RowResult` with, per row, the token the row emits if it is reached: the sampled
-token for ordinary and bonus rows; for a row that verifies a draft token, that token when
-accepted, else the sampled token (a draft distribution's rows: the residual draw; see
-rejection.py). The same function serves every strategy, so equal logits and
-seeds give equal tokens everywhere.
+`sample_rows(SampleArgs(x, col_start, batch, red, ...))` runs the recipe with these steps
+(`TORCH`). It takes logits rows `x` ([rows, cols], any float dtype) holding global columns
+[col_start, col_start + cols) and a reducer (`LocalRows` for full rows, a shard reducer for
+vocab-parallel; see `rows_in.SampleArgs`). It returns a `RowResult` with, per row, the token the
+row emits if it is reached: the sampled token for ordinary and bonus rows; for a row that
+verifies a draft token, that token when accepted, else the sampled token (a draft
+distribution's rows: the residual draw; see rejection.py). The same steps serve every strategy,
+so equal logits and seeds give equal tokens everywhere.
 
 Invariants: never returns an id outside [0, V); never materialises a logprob tensor; processors
 no row uses are skipped; `x` is never modified unless `inplace` (then an fp32 `x` is the
@@ -26,6 +27,7 @@ from . import processors as P
 from .draw import guard_tokens, local_argmax, local_gumbel_draw
 from .filters import ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
 from .logprobs import row_logprobs
+from .recipe import sample_block
 from .reducer import combine_pairs
 from .rejection import verify_drafts
 from .result import RowResult
@@ -37,39 +39,63 @@ CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
 
 
 def sample_rows(a: SampleArgs) -> RowResult:
-    x, col_start, b, red, draft_probs = a.x, a.col_start, a.batch, a.red, a.draft_probs
-    dev = x.device
-    f = front(a)
-    l, local_nans, guard_local, raw, greedy_local = f.l, f.nans, f.guard, f.raw, f.greedy
-    if b.sample_any:
+    return sample_block(a, TORCH)
+
+
+class _Step:
+    """One call's working state between the steps (see recipe.py)."""
+
+    def __init__(self, a: SampleArgs, f: Front):
+        self.a, self.f = a, f
+        self.drawn = None                   # local (max, id) of l + noise over the kept entries
+
+
+class TorchSteps:
+    """The recipe's steps in torch ops, on full rows (LocalRows) or a vocab shard (a reducer)."""
+
+    def front(self, a: SampleArgs) -> _Step:
+        return _Step(a, front(a))                                         # 1-5
+
+    def draw(self, st: _Step) -> None:
+        a, f = st.a, st.f
+        b, l = a.batch, f.l
+        if not b.sample_any:
+            st.drawn = f.greedy
+            return
         P.apply_temperature(l, b.temperature)                             # 6
-        thr = _thresholds(l, b, red)                                      # 7-9
+        thr = _thresholds(l, b, a.red)                                    # 7-9
         for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
             l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
         none = torch.full_like(thr, NEG_INF)
-        drawn_local = local_gumbel_draw(l, none, b.seeds, b.positions, col_start)         # 10
-    else:
-        drawn_local = greedy_local
-    # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
-    winners, num_nans = combine_pairs(red, [guard_local, greedy_local, drawn_local], local_nans)
-    (guard_max, guard_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
-    num_nans = num_nans.to(torch.int64)
-    is_greedy = b.greedy.to(dev)
-    main_v = torch.where(is_greedy, greedy_v, drawn_v)
-    fallback = ~torch.isfinite(main_v)                                    # 12: nothing finite kept
-    main = torch.where(fallback, guard_tokens(guard_max, guard_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
-    emitted, accepted = main, torch.zeros_like(fallback)
-    if b.drafts_any:
-        accepted, residual = verify_drafts(l, b, main, col_start, red, draft_probs)
-        accepted &= ~fallback
-        has_draft = b.draft_tokens.to(dev) >= 0
-        emitted = torch.where(has_draft, torch.where(accepted, b.draft_tokens.to(dev), residual), main)
-        emitted = torch.where(fallback, main, emitted)
-    out = RowResult(emitted, accepted, fallback, num_nans)
-    if b.logprobs_max >= 0:                                               # 11
-        _logprobs(out, l, raw, b, col_start, red)
-    note_memory(a.meter, f)
-    return out
+        st.drawn = local_gumbel_draw(l, none, b.seeds, b.positions, a.col_start)          # 10
+
+    def guard(self, st: _Step) -> RowResult:
+        a, f = st.a, st.f
+        b, red, dev = a.batch, a.red, f.l.device
+        # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
+        winners, num_nans = combine_pairs(red, [f.guard, f.greedy, st.drawn], f.nans)
+        (guard_max, guard_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
+        num_nans = num_nans.to(torch.int64)
+        is_greedy = b.greedy.to(dev)
+        main_v = torch.where(is_greedy, greedy_v, drawn_v)
+        fallback = ~torch.isfinite(main_v)                                # 12: nothing finite kept
+        main = torch.where(fallback, guard_tokens(guard_max, guard_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
+        emitted, accepted = main, torch.zeros_like(fallback)
+        if b.drafts_any:
+            accepted, residual = verify_drafts(f.l, b, main, a.col_start, red, a.draft_probs)
+            accepted &= ~fallback
+            has_draft = b.draft_tokens.to(dev) >= 0
+            emitted = torch.where(has_draft, torch.where(accepted, b.draft_tokens.to(dev), residual), main)
+            emitted = torch.where(fallback, main, emitted)
+        note_memory(a.meter, f)
+        return RowResult(emitted, accepted, fallback, num_nans)
+
+    def logprobs(self, st: _Step, out: RowResult) -> None:
+        a = st.a
+        _logprobs(out, st.f.l, st.f.raw, a.batch, a.col_start, a.red)     # 11
+
+
+TORCH = TorchSteps()
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Rows split by vocabulary, sampled in rounds: the vocab-parallel pipeline.
+"""Rows split by vocabulary, sampled in rounds: the vocab-parallel backend of the sampling
+recipe (`sampling/recipe.py`).
 
 `sample_split(SampleArgs(x, col_start, b, red))` gives the same `RowResult` as
 `pipeline.sample_rows` on the full rows (the same thresholds, noise and tie rules), but talks in
@@ -25,6 +26,7 @@ from ...sampling import processors as P
 from ...sampling.draw import guard_tokens, local_gumbel_draw
 from ...sampling.filters import row_chunks
 from ...sampling.pipeline import front, note_memory
+from ...sampling.recipe import sample_block
 from ...sampling.result import RowResult
 from ...sampling.rows_in import SampleArgs
 from ...sampling.topp import _radix_search
@@ -34,44 +36,79 @@ from .split_logprobs import LpRows, logprob_round
 
 
 def sample_split(a: SampleArgs, *, force_exact: bool = False) -> RowResult:
-    x, col_start, b, red = a.x, a.col_start, a.batch, a.red
-    f = front(a)
-    l, dev, n = f.l, x.device, b.num_rows
-    needs = summary.RowNeeds.of(b)
-    band = torch.from_numpy(needs.band).to(dev, non_blocking=True) if len(needs.band) else None
-    th = None
-    thr = torch.full((n,), NEG_INF, device=dev)
-    if b.sample_any:
-        P.apply_temperature(l, b.temperature)                                 # 6
-        if needs.summary:                                                     # round 1: 7-9
-            packet = Packet()
-            fields = summary.add_local(packet, l, needs, band)
-            th = summary.derive(packet.gather(red), fields, b, needs, band)
-            thr = th.thr
-    if b.lp_proc_rows is not None:                  # processed logprob rows: after step 9
-        _mask_rows(l, b.lp_proc_rows, thr)
-    lp = LpRows(l, f.raw, b.lp_proc_rows, col_start) if b.logprobs_max >= 0 else None
-    if b.sample_any:
-        t_draw = thr if band is None else thr.index_put((band,), torch.maximum(thr[band], th.bracket.b.float()))
-        drawn = local_gumbel_draw(l, t_draw, b.seeds, b.positions, col_start)          # 10
-    else:
-        drawn = f.greedy
-    w = _winners(red, l, [f.guard, f.greedy, drawn], f.nans, lp, b, band, th, col_start)
-    exact_rows, band_lp = 0, None
-    if band is not None:
-        exact_rows, band_lp = _settle_band(w, l, b, red, band, thr, th, lp, needs, col_start, force_exact)
-    is_greedy = b.greedy.to(dev)
-    main_v = torch.where(is_greedy, w.greedy[0], w.drawn[0])
-    fallback = ~torch.isfinite(main_v)                                        # 12
-    emitted = torch.where(fallback, guard_tokens(*w.guard[:2]), torch.where(is_greedy, w.greedy[1], w.drawn[1]))
-    out = RowResult(emitted, torch.zeros_like(fallback), fallback, w.num_nans)
-    out.exact_rows = exact_rows
-    if lp is not None:                                                        # 11
-        vx = torch.where(fallback, w.guard[2], torch.where(is_greedy, w.greedy[2], w.drawn[2]))
-        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(lp, emitted, vx, b.num_logprobs, b.logprobs_max, red,
-                                                              band_lp, mass_shift(b.vocab_size))
-    note_memory(a.meter, f)
-    return out
+    return sample_block(a, ROUNDS_EXACT if force_exact else ROUNDS)
+
+
+class _Step:
+    """One call's working state between the steps (see sampling/recipe.py)."""
+
+    def __init__(self, a: SampleArgs, f):
+        b, dev = a.batch, a.x.device
+        self.a, self.f = a, f
+        self.needs = summary.RowNeeds.of(b)
+        self.band = torch.from_numpy(self.needs.band).to(dev, non_blocking=True) if len(self.needs.band) else None
+        self.th = None                                            # round 1's thresholds, when it runs
+        self.thr = torch.full((b.num_rows,), NEG_INF, device=dev)
+        self.lp = self.drawn = self.w = self.band_lp = None
+        self.fallback = self.is_greedy = None
+
+
+class ShardRounds:
+    """The recipe's steps on a vocab shard, in rounds of packed collectives (module docstring)."""
+
+    def __init__(self, force_exact: bool):
+        self.force_exact = force_exact
+
+    def front(self, a: SampleArgs) -> _Step:
+        return _Step(a, front(a))                                             # 1-5
+
+    def draw(self, st: _Step) -> None:
+        """6-10; the processed-logprob rows are masked here, before the draw's gather carries
+        their statistics (round 2)."""
+        a, f = st.a, st.f
+        b, l = a.batch, f.l
+        if b.sample_any:
+            P.apply_temperature(l, b.temperature)                             # 6
+            if st.needs.summary:                                              # round 1: 7-9
+                packet = Packet()
+                fields = summary.add_local(packet, l, st.needs, st.band)
+                st.th = summary.derive(packet.gather(a.red), fields, b, st.needs, st.band)
+                st.thr = st.th.thr
+        if b.lp_proc_rows is not None:              # processed logprob rows: after step 9
+            _mask_rows(l, b.lp_proc_rows, st.thr)
+        st.lp = LpRows(l, f.raw, b.lp_proc_rows, a.col_start) if b.logprobs_max >= 0 else None
+        if b.sample_any:
+            band, thr = st.band, st.thr
+            t_draw = thr if band is None else thr.index_put((band,), torch.maximum(thr[band], st.th.bracket.b.float()))
+            st.drawn = local_gumbel_draw(l, t_draw, b.seeds, b.positions, a.col_start)    # 10
+        else:
+            st.drawn = f.greedy
+
+    def guard(self, st: _Step) -> RowResult:
+        a, f = st.a, st.f
+        b, l, red, dev = a.batch, f.l, a.red, a.x.device
+        st.w = w = _winners(red, l, [f.guard, f.greedy, st.drawn], f.nans, st.lp, b, st.band, st.th, a.col_start)
+        exact_rows = 0
+        if st.band is not None:
+            exact_rows, st.band_lp = _settle_band(w, l, b, red, st.band, st.thr, st.th, st.lp, st.needs, a.col_start,
+                                                  self.force_exact)
+        st.is_greedy = is_greedy = b.greedy.to(dev)
+        main_v = torch.where(is_greedy, w.greedy[0], w.drawn[0])
+        st.fallback = fallback = ~torch.isfinite(main_v)                      # 12
+        emitted = torch.where(fallback, guard_tokens(*w.guard[:2]), torch.where(is_greedy, w.greedy[1], w.drawn[1]))
+        out = RowResult(emitted, torch.zeros_like(fallback), fallback, w.num_nans)
+        out.exact_rows = exact_rows
+        note_memory(a.meter, f)
+        return out
+
+    def logprobs(self, st: _Step, out: RowResult) -> None:                    # 11: round 3
+        b, w = st.a.batch, st.w
+        vx = torch.where(st.fallback, w.guard[2], torch.where(st.is_greedy, w.greedy[2], w.drawn[2]))
+        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(st.lp, out.emitted, vx, b.num_logprobs, b.logprobs_max,
+                                                              st.a.red, st.band_lp, mass_shift(b.vocab_size))
+
+
+ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)
 
 
 def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:
