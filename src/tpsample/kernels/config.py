@@ -14,12 +14,16 @@ import torch
 MAX_ROUNDS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelConfig:
     """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
     small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
-    inside a warp or two; ~16 programs per SM in all, ~32 for batches with a filter row. CAP candidates per row, P pivots and NB
-    histogram bins per search pass."""
+    inside a warp or two; ~16 programs per SM in all, ~32 for batches with a filter row. CAP
+    candidates per row, P pivots and NB histogram bins per search pass.
+
+    Every size that becomes a block of a kernel is a power of two (Triton's blocks are), warps
+    are 1-32, and `small` <= `cap`; anything else is a `ValueError` naming the field, raised
+    here rather than inside a kernel's compilation."""
     block: int = 256           # columns per step in the round passes (and the stats kernels)
     filter_block: int = 128    # at most this for batches with a filter row
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
@@ -37,6 +41,31 @@ class KernelConfig:
     programs_per_sm: int = 16      # the splits' target
     filter_programs_per_sm: int | None = 32     # batches with a filter row (None: programs_per_sm)
     block_max_cols: int | None = None   # BB; None: 16..128 from V
+
+    def __post_init__(self):
+        for name, hi in _POW2_FIELDS.items():
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
+                raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
+        for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0)):
+            v = getattr(self, name)
+            if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
+                raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
+        if self.small > self.cap:
+            raise ValueError(f"KernelConfig.small must be <= cap ({self.cap}), got {self.small}")
+
+
+_COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
+_POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
+                "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
+                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS}
+_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 DEFAULT = KernelConfig()
