@@ -75,3 +75,13 @@ def _shard_gumbel_kernel(l: torch.Tensor):
 def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:
     """Token for rows with nothing finite kept: the raw row's argmax, or 0 if nothing is finite."""
     return torch.where(torch.isfinite(raw_max) | (raw_max > 0), raw_argmax, torch.zeros_like(raw_argmax))
+
+
+def emitted_tokens(is_greedy: torch.Tensor, guard, greedy, drawn) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [rows], fallback [rows] bool) from row-wide (value, id) winners (step 12): the
+    greedy or drawn winner, or, where that winner is not finite (nothing finite kept), the
+    guard's token."""
+    main_v = torch.where(is_greedy, greedy[0], drawn[0])
+    fallback = ~torch.isfinite(main_v)
+    token = torch.where(fallback, guard_tokens(guard[0], guard[1]), torch.where(is_greedy, greedy[1], drawn[1]))
+    return token, fallback

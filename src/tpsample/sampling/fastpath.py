@@ -13,6 +13,7 @@ The kernels implement the same thresholds and noise, so tokens equal the torch p
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import torch
 
@@ -28,12 +29,12 @@ from .rows_in import SampleArgs
 
 
 @functools.cache
-def _kernels():
-    """(dispatch, launcher, row_prep, step_ops): the kernel modules, imported on first use
+def _kernels() -> SimpleNamespace:
+    """The kernel modules (.dispatch, .launcher, .row_prep, .step_ops), imported on first use
     (triton.jit picks interpreted or compiled when a kernel module is imported) and kept, so a
     step runs no import statement."""
     from ..kernels import dispatch, launcher, row_prep, step_ops
-    return dispatch, launcher, row_prep, step_ops
+    return SimpleNamespace(dispatch=dispatch, launcher=launcher, row_prep=row_prep, step_ops=step_ops)
 
 
 def _wanted(x: torch.Tensor) -> bool:
@@ -95,11 +96,10 @@ class KernelSteps:
         st = _Step(a)
         x, b = a.x, a.batch
         if b.uses_processors or a.bitmask is not None:
-            _, _, row_prep, _ = _kernels()
             l = x if (a.inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
             # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
             # of each part of the row, for the guard
-            st.nans, *st.guard = row_prep.prep_rows_(l, a.col_start, a.bitmask)
+            st.nans, *st.guard = _kernels().row_prep.prep_rows_(l, a.col_start, a.bitmask)
             if b.lp_raw_rows is not None:
                 st.raw = l.clone() if b.uses_processors else l   # raw logprobs see the row before 3-5
             P.apply_token_processors(l, b, a.col_start)
@@ -107,28 +107,28 @@ class KernelSteps:
         return st
 
     def draw(self, st: _Step) -> None:
-        """6-10 in the kernels' launch sequence (which also finds each row's raw argmax when no
-        front pass did)."""
-        dispatch, launcher, _, step_ops = _kernels()
+        """6-10 in the kernels' launch sequence (the guard's raw argmax included, when no front
+        pass found it)."""
+        k = _kernels()
         b = st.a.batch
         src = b.source
         n, dev = b.num_rows, st.l.device
         # the per-row kernel inputs and raw draws live only within this call: reused buffers
-        scratch = launcher.stream_scratch(dev, ("fast_path", n), lambda: (step_ops.row_buffers(n, dev), (
+        scratch = k.launcher.stream_scratch(dev, ("fast_path", n), lambda: (k.step_ops.row_buffers(n, dev), (
             torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
-        t, k, p, log_min_p, key0, key1 = step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out, src.slots,
-                                                               src.offsets, SALT_DRAW, _PREPARE_COLUMNS, out=scratch[0])
-        st.drawn = dispatch.sample_rows(st.l, t, k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
-                                        vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
-                                        nans_out="partials", out=scratch[1])
+        t, top_k, p, log_min_p, key0, key1 = k.step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out,
+                                                                     src.slots, src.offsets, SALT_DRAW,
+                                                                     _PREPARE_COLUMNS, out=scratch[0])
+        st.drawn = k.dispatch.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
+                                          vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
+                                          nans_out="partials", out=scratch[1])
 
     def guard(self, st: _Step) -> RowResult:                              # 12
-        _, _, _, step_ops = _kernels()
         tokens, valid, nan_parts = st.drawn
         # a winner at +inf is no finite kept token either: the block flags it (its token, the
         # lowest +inf id, is the guard's choice already when the kernel ran on the caller's logits)
-        block = step_ops.finalize_rows(tokens, valid, st.l, st.a.col_start, nan_parts if st.nans is None else st.nans,
-                                       st.guard)
+        block = _kernels().step_ops.finalize_rows(tokens, valid, st.l, st.a.col_start,
+                                                  nan_parts if st.nans is None else st.nans, st.guard)
         # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced
         # call's caller writes the draft rows' own results over it)
         return RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
@@ -147,10 +147,10 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
     streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
     lays the rows out: no [rows, V] buffer."""
-    dispatch, _, _, step_ops = _kernels()
+    k = _kernels()
     n = b.logprobs_max
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
-    lse, top_v, top_i, above = dispatch.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
+    lse, top_v, top_i, above = k.dispatch.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
     src = b.source
-    return step_ops.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots, _LP_COLUMNS,
-                        1 + n)
+    return k.step_ops.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
+                                   _LP_COLUMNS, 1 + n)

@@ -24,7 +24,7 @@ import torch
 from ..numerics import NEG_INF
 from ..state.rowbatch import RowBatch
 from . import processors as P
-from .draw import guard_tokens, local_argmax, local_gumbel_draw
+from .draw import emitted_tokens, local_argmax, local_gumbel_draw
 from .filters import ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
 from .logprobs import row_logprobs
 from .recipe import sample_block
@@ -73,13 +73,9 @@ class TorchSteps:
         a, f = st.a, st.f
         b, red, dev = a.batch, a.red, f.l.device
         # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
-        winners, num_nans = combine_pairs(red, [f.guard, f.greedy, st.drawn], f.nans)
-        (guard_max, guard_arg), (greedy_v, greedy_tok), (drawn_v, drawn_tok) = winners
+        (guard, greedy, drawn), num_nans = combine_pairs(red, [f.guard, f.greedy, st.drawn], f.nans)
         num_nans = num_nans.to(torch.int64)
-        is_greedy = b.greedy.to(dev)
-        main_v = torch.where(is_greedy, greedy_v, drawn_v)
-        fallback = ~torch.isfinite(main_v)                                # 12: nothing finite kept
-        main = torch.where(fallback, guard_tokens(guard_max, guard_arg), torch.where(is_greedy, greedy_tok, drawn_tok))
+        main, fallback = emitted_tokens(b.greedy.to(dev), guard, greedy, drawn)     # 12
         emitted, accepted = main, torch.zeros_like(fallback)
         if b.drafts_any:
             accepted, residual = verify_drafts(f.l, b, main, a.col_start, red, a.draft_probs)

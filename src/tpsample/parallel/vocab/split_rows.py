@@ -23,7 +23,7 @@ import torch
 
 from ...numerics import NEG_INF, mass_shift
 from ...sampling import processors as P
-from ...sampling.draw import guard_tokens, local_gumbel_draw
+from ...sampling.draw import emitted_tokens, local_gumbel_draw
 from ...sampling.filters import row_chunks
 from ...sampling.pipeline import front, note_memory
 from ...sampling.recipe import sample_block
@@ -92,10 +92,9 @@ class ShardRounds:
         if st.band is not None:
             exact_rows, st.band_lp = _settle_band(w, l, b, red, st.band, st.thr, st.th, st.lp, st.needs, a.col_start,
                                                   self.force_exact)
-        st.is_greedy = is_greedy = b.greedy.to(dev)
-        main_v = torch.where(is_greedy, w.greedy[0], w.drawn[0])
-        st.fallback = fallback = ~torch.isfinite(main_v)                      # 12
-        emitted = torch.where(fallback, guard_tokens(*w.guard[:2]), torch.where(is_greedy, w.greedy[1], w.drawn[1]))
+        st.is_greedy = b.greedy.to(dev)
+        emitted, fallback = emitted_tokens(st.is_greedy, w.guard, w.greedy, w.drawn)    # 12
+        st.fallback = fallback
         out = RowResult(emitted, torch.zeros_like(fallback), fallback, w.num_nans)
         out.exact_rows = exact_rows
         note_memory(a.meter, f)
