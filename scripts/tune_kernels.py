@@ -13,7 +13,7 @@ import sys
 import torch
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter
 from tpsample.kernels.dispatch import sample_rows
 
 CASES = {   # temperature, top_k, top_p, min_p
@@ -22,26 +22,31 @@ CASES = {   # temperature, top_k, top_p, min_p
     "topk_topp": (0.8, 50, 0.9, 0.0),
     "topp": (0.8, 0, 0.9, 0.0),
     "minp": (0.8, 0, 1.0, 0.05),
+    "topp_minp": (0.7, 0, 0.9, 0.05),
+    "topp95": (1.0, 0, 0.95, 0.0),
 }
+F = {"topp", "topk_topp", "minp", "topp_minp", "topp95"}
+P = {"topp", "topp_minp", "topp95"}
 VARIANTS = {
     "default": (KernelConfig(), None),
-    "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), {"topp", "topk_topp", "minp"}),
-    "b256": (KernelConfig(filter_block=256), {"topp", "topk_topp", "minp"}),
-    "p16": (KernelConfig(filter_programs_per_sm=16), {"topp", "topk_topp", "minp"}),
-    "p64": (KernelConfig(filter_programs_per_sm=64), {"topp", "topk_topp", "minp"}),
-    "b64_p64": (KernelConfig(filter_block=64, filter_programs_per_sm=64), {"topp", "topk_topp", "minp"}),
-    "b128_w2": (KernelConfig(num_warps=2), {"topp", "topk_topp", "minp"}),
+    "no_lean": (KernelConfig(lean=False), P),
+    "lb256": (KernelConfig(lean_block=256), P),
+    "lb512": (KernelConfig(lean_block=512), P),
+    "lb2048": (KernelConfig(lean_block=2048), P),
+    "lw2": (KernelConfig(lean_warps=2), P),
+    "lw4_2048": (KernelConfig(lean_warps=4, lean_block=2048), P),
+    "noskip": (KernelConfig(hist_skip=False), P),
+    "all0": (KernelConfig(bracket_all=0), P),
+    "all2048": (KernelConfig(bracket_all=2048), P),
+    "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), F),
+    "p64": (KernelConfig(filter_programs_per_sm=64), F),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
-    "scan1024": (KernelConfig(plain_scan_cols=1024), {"temperature", "greedy"}),
     "plain_p32": (KernelConfig(programs_per_sm=32), {"temperature", "greedy"}),
-    "scan512_4": (KernelConfig(scan_cols=512), {"topp", "topk_topp", "minp"}),
-    "all2048": (KernelConfig(bracket_all=2048), {"topp"}),
-    "all0": (KernelConfig(bracket_all=0), {"topp"}),
 }
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
-OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
-        "drain_kernel")
+OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "lean_kernel", "lean_finish_kernel",
+        "round_kernel", "finish_kernel", "drain_kernel")
 
 
 def args_for(case, rows, vocab, gen):
@@ -84,9 +89,13 @@ def main():
             for name, (cfg, cases) in VARIANTS.items():
                 if (cases is not None and case not in cases) or name in SKIP:
                     continue
+                l0, f0 = int(lean_counter("cuda").item()), int(fallback_counter("cuda").item())
                 got = sample_rows(*a, cfg=cfg)[0]
+                paths = int(lean_counter("cuda").item()) - l0, int(fallback_counter("cuda").item()) - f0
                 kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))
-                line[name] = (round(sum(kernels[name].values()), 1), bool(torch.equal(got, want)))
+                kernels[name]["lean_rows, fallback_rows"] = paths
+                line[name] = (round(sum(v for v in kernels[name].values() if isinstance(v, float)), 1),
+                              bool(torch.equal(got, want)))
             best = min(line, key=lambda n: line[n][0])
             print(f"  {case:12s} " + "  ".join(f"{n}={v[0]:.0f}{'' if v[1] else '(DIFF)'}" for n, v in line.items()))
             for n in dict.fromkeys(("default", best)):

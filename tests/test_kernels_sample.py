@@ -157,11 +157,16 @@ def test_skip_bounds_hold_at_extreme_magnitudes(cfg):
 
 
 def _fallbacks_of(x, rows, cfg):
-    from tpsample.kernels.config import fallback_counter
-    counter = fallback_counter(torch.device(DEV))
-    before = int(counter.item())
+    return _leans_and_fallbacks(x, rows, cfg)[1]
+
+
+def _leans_and_fallbacks(x, rows, cfg):
+    """(rows the lean pass resolved, rows that fell back to the exact search) of one checked call."""
+    from tpsample.kernels.config import fallback_counter, lean_counter
+    leans, falls = lean_counter(torch.device(DEV)), fallback_counter(torch.device(DEV))
+    before = int(leans.item()), int(falls.item())
     check(x, rows, cfg)
-    return int(counter.item()) - before
+    return int(leans.item()) - before[0], int(falls.item()) - before[1]
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
@@ -170,18 +175,45 @@ def test_top_p_without_top_k_is_settled_by_the_bracket_pass(kind):
     and on ordinary rows no row falls back to the one-program-per-row search."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    assert _fallbacks_of(x, TOP_P_ALONE, DEFAULT) == 0
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(splits=4, block=64, scan_cols=64)) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(lean=False)) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(lean=False, splits=4, block=64, scan_cols=64)) == 0
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(bracket_all=0),
+                                 KernelConfig(splits=4, block=64, scan_cols=64, lean_block=32, bracket_all=0),
+                                 KernelConfig(hist_skip=False, lean_warps=2, lean_block=128)],
+                         ids=["default", "above_split", "many_programs", "warps"])
+def test_rows_with_few_entries_from_the_bracket_up_are_resolved_exactly_by_the_lean_pass(kind, cfg):
+    """The lean pass lists the columns of x >= xf by one compare and resolves them per row (the
+    entries above the bracket massed and drawn from the list, v* certified from the bracket's
+    candidates): exact tokens, every row resolved there, none falls back."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 2)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    assert _leans_and_fallbacks(x, TOP_P_ALONE, cfg) == (len(TOP_P_ALONE), 0)
+
+
+def test_a_lean_row_beside_every_other_kind_of_row_keeps_its_exact_token():
+    """Greedy, temperature, top-k, top-k + top-p, min-p and lean top-p rows in one batch, with
+    NaN and -inf entries in the top-p rows: every token exact, the top-p rows resolved lean."""
+    gen = torch.Generator().manual_seed(21)
+    x = logits("randn", len(CONFIGS), 1200, gen)
+    x[5, ::97] = float("nan")
+    x[16, ::13] = NEG_INF
+    alone = sum(1 for r in CONFIGS if r[1] == 0 and r[2] < 1.0)
+    assert _leans_and_fallbacks(x, CONFIGS, DEFAULT) == (alone, 0)
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
-    """With no entry collected beyond the bracket (bracket_all=0), the kept entries above it
-    are drawn and massed by the collect pass itself: exact tokens, and still no fallback."""
+    """With no entry collected beyond the bracket (bracket_all=0) and the lean pass off, the kept
+    entries above it are drawn and massed by the collect pass itself: exact tokens, and still no
+    fallback."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 1)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0)) == 0
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, splits=4, block=64, scan_cols=64)) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, lean=False)) == 0
+    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, lean=False, splits=4, block=64,
+                                                      scan_cols=64)) == 0
 
 
 def test_a_bracket_too_wide_for_the_candidates_falls_back_exactly():

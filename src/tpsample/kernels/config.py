@@ -34,6 +34,10 @@ class KernelConfig:
     bins: int = 256
     hist_bins: int = 2048      # the bracket histogram of top-p rows without top-k (a power of two)
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
+    lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
+    lean_block: int = 1024     # columns per step of the lean pass
+    lean_warps: int = 1        # warps of the lean pass
+    hist_skip: bool = True     # the hist pass tests each step for an entry in range before its atomics
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
@@ -53,6 +57,10 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
+        for name in ("lean", "hist_skip"):
+            if not isinstance(getattr(self, name), bool):
+                msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
+                raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
         if self.small > self.cap:
             raise ValueError(f"KernelConfig.small must be <= cap ({self.cap}), got {self.small}")
 
@@ -60,7 +68,7 @@ class KernelConfig:
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
 _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
-                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS}
+                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "lean_warps": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols"}
 
 
@@ -84,6 +92,21 @@ def fallback_counter(dev) -> torch.Tensor:
     got = _FALLBACKS.get(dev)
     if got is None:
         got = _FALLBACKS[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return got
+
+
+_LEANS: dict = {}
+
+
+def lean_counter(dev) -> torch.Tensor:
+    """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far that the lean
+    top-p pass resolved (kernels/sample_lean.py). A device tensor: read it off the hot path."""
+    dev = torch.device(dev)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    got = _LEANS.get(dev)
+    if got is None:
+        got = _LEANS[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
     return got
 
 

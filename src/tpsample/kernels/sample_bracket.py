@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, may_win
-from .sample_state import BRACKET, append_candidates, draw_candidates
+from .sample_state import BRACKET, LEAN, append_candidates, draw_candidates
 from .tlutil import (
     BIG_ID32,
     NEG_INF,
@@ -64,7 +64,7 @@ def bin_of(l, lo, inv, NBH: tl.constexpr):
 
 @triton.jit
 def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl.constexpr):
-    """(first bin, last bin, count): the candidates are the entries of bins first..last; bins
+    """(first bin, last bin, count, upward): the candidates are the entries of bins first..last; bins
     below `first` hold only dropped entries; entries of bins above `last` are all kept (their
     mass and winner come from the collect pass). v* lies in the bins that neither surely hold a
     kept entry nor surely none; when every entry from `first` up numbers at most ALL, last is
@@ -97,11 +97,12 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl
     if upward <= ALL:
         last = NBH - 1
         count = upward
-    return first, last, count
+    return first, last, count, upward
 
 
 @triton.jit
-def _target(p, p_mass, row, NSPLIT: tl.constexpr):
+def target_of(p, p_mass, row, NSPLIT: tl.constexpr):
+    """float64(p) * S, S the exact int64 mass of the row's eligible entries (summed over splits)."""
     S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
     return p.to(tl.float64) * S.to(tl.float64)
 
@@ -109,8 +110,9 @@ def _target(p, p_mass, row, NSPLIT: tl.constexpr):
 @triton.jit(do_not_specialize=["col_offset"])
 def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
                 p_mass, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
-                EXACT_EXP: tl.constexpr):
-    """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin."""
+                EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr):
+    """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
+    test per block whether any entry is in range before the atomics (else masked atomics)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         part = row * NSPLIT + tl.program_id(1)
@@ -123,7 +125,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
         inv = tl.load(st_hinv + row)
         t_lo = key_to_float(tl.load(st_tkey + row))
         hrow = hist_ptr + row.to(tl.int64) * NBH
-        s_part = tl.zeros((), tl.int64)
+        s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
         offs = tl.arange(0, BLOCK)
         xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
         for s in range(start, end, BLOCK):
@@ -131,24 +133,52 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
             l = div_t(fp32_nonan(xr), t)
             xr = xr_next
-            s_part += tl.sum(tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+            s_lane += tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0)
             inr = l >= lo
-            if tl.sum(inr.to(tl.int32), axis=0) > 0:
+            if HIST_SKIP:
+                if tl.sum(inr.to(tl.int32), axis=0) > 0:
+                    tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
+            else:
                 tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
-        tl.store(p_mass + part, s_part)
+        tl.store(p_mass + part, tl.sum(s_lane, axis=0))
 
 
 @triton.jit
-def bracket_kernel(p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last, st_count,
-                   NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr):
-    """The bracket of each BRACKET row, once (the collect programs and the finish read it)."""
+def lean_bound(lo, inv, first, m, t, NBH: tl.constexpr):
+    """(L, xf) for a LEAN row: L <= every l of bin `first` (the bracket's own lower edge, less its
+    margin); xf = L * T less 2**-20 relative and 1e-30: x < xf gives x / T below L by more than
+    div_rn's half ulp, so no entry with l >= L is missed (a few just below L may be listed; the
+    finish drops them)."""
+    w = 1.0 / (inv * NBH)
+    tol = 4e-7 * tl.maximum(tl.abs(m), tl.abs(lo)) + 1e-30
+    L = tl.maximum(lo + (first.to(tl.float32) - 0.01) * w - tol, lo)
+    y = L * t
+    return L, y - (tl.abs(y) * 9.5367431640625e-07 + 1e-30)
+
+
+@triton.jit
+def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
+                   st_count, st_lean_l, st_xf, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr,
+                   CAP: tl.constexpr, LCAP: tl.constexpr):
+    """The bracket of each BRACKET row, once (the collect programs and the finish read it). With
+    LCAP > 0, a row whose entries from the bracket's first bin up fit LCAP (less 1/16 for the
+    few that the x bound lets in below L) and whose candidates fit CAP becomes LEAN
+    (sample_lean.py)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
-        first, last, count = bracket(hist_ptr, row, tl.load(st_hlo + row), tl.load(st_hinv + row), tl.load(st_m + row),
-                                     _target(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
+        lo = tl.load(st_hlo + row)
+        inv = tl.load(st_hinv + row)
+        m = tl.load(st_m + row)
+        first, last, count, upward = bracket(hist_ptr, row, lo, inv, m,
+                                             target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
         tl.store(st_first + row, first)
         tl.store(st_last + row, last)
         tl.store(st_count + row, count)
+        if (LCAP > 0) & (upward <= LCAP - LCAP // 16) & (count <= CAP):
+            L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
+            tl.store(st_lean_l + row, L)
+            tl.store(st_xf + row, xf)
+            tl.store(st_stage + row, LEAN)
 
 
 @triton.jit
@@ -182,16 +212,10 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
 
 
 @triton.jit
-def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id, p_mass, p_cnt,
-                    p_best_v, p_best_i, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
-                    EXACT_EXP: tl.constexpr):
-    """(certified, winner value, winner column) from the n <= SIZE candidates of the bracket."""
-    parts = row * NSPLIT + tl.arange(0, NSPLIT)
-    target = _target(p, p_mass, row, NSPLIT)
-    m_above = tl.sum(tl.load(p_cnt + parts), axis=0)
-    idx = tl.arange(0, SIZE)
-    valid = idx < n
-    keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
+def resolve_keys(row, keys, valid, idx, n, target, m_above, av, ai, m, scale, one, key0_ptr, key1_ptr, col_offset,
+                 cand_id, CAP: tl.constexpr, EXACT_EXP: tl.constexpr):
+    """(certified, winner value, winner column) from n candidates (order keys `keys`, columns in
+    cand_id) lying below entries of exact mass m_above, all kept, whose winner is (av, ai)."""
     e = tl.where(valid, mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
     ok = (m_above.to(tl.float64) < target) & ((m_above + tl.sum(e, axis=0)).to(tl.float64) >= target) & (n > 0)
     kmin = tl.min(tl.where(valid, keys, 1 << 40), axis=0)
@@ -199,6 +223,19 @@ def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, ca
     thr = min_key_mass_below(keys, e, m_above, target, kmin - 1, kmax)
     kept = valid & (keys >= thr)
     bv, bi = draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP)
-    av, ai = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
     v, i = pair_max(av, ai, bv, bi)
     return ok, v, i
+
+
+@triton.jit
+def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id, p_mass, p_cnt,
+                    p_best_v, p_best_i, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
+                    EXACT_EXP: tl.constexpr):
+    """(certified, winner value, winner column) from the n <= SIZE candidates of the bracket."""
+    parts = row * NSPLIT + tl.arange(0, NSPLIT)
+    idx = tl.arange(0, SIZE)
+    valid = idx < n
+    keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
+    av, ai = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
+    return resolve_keys(row, keys, valid, idx, n, target_of(p, p_mass, row, NSPLIT), tl.sum(tl.load(p_cnt + parts), axis=0),
+                        av, ai, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_id, CAP, EXACT_EXP)

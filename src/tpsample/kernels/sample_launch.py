@@ -1,7 +1,8 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k], one round [round_kernel
+(rows x splits) and bracket_kernel (rows), then lean_kernel (rows x splits) and lean_finish_kernel
+(rows) unless `KernelConfig.lean` is off, only when some row has top-p without top-k], one round [round_kernel
 (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p, drain_kernel
 (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
@@ -22,19 +23,22 @@ from .config import (
     RowHints,
     _pow2,
     fallback_counter,
+    lean_counter,
     num_splits,
 )
 from .launcher import Launcher, stream_scratch
 from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
+from .sample_lean import lean_finish_kernel, lean_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
 
-SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
-    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
-                          drain_kernel))
+SCAN, SELECT, HIST, BRACKET, LEAN, LEAN_FINISH, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, lean_kernel, lean_finish_kernel,
+                          round_kernel, finish_kernel, drain_kernel))
+LEAN_FINISH_COLS = 1024      # listed columns the lean finish reads per step
 
 
 class Workspace:
@@ -53,7 +57,8 @@ class Workspace:
                   ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
-                  ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32)]
+                  ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
+                  ("xf", rows, f32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -62,6 +67,7 @@ class Workspace:
         self.buffer = torch.empty(total, dtype=torch.uint8, device=dev)
         for (name, shape, dt), off, b in zip(fields, offsets, sizes):
             setattr(self, name, self.buffer[off:off + b].view(dt).view(shape))
+        self.cand_ids = self.cand_key.view(i32)       # a LEAN row's column list: [rows, 2 * cap] int32
         self.nbytes = total
 
     def state(self, token, valid):
@@ -160,10 +166,20 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         if hints.any_top_p_alone:
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
                     ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block,
-                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=nw)
-            BRACKET.at(site, (rows,), p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
-                       ws.blast, ws.bcount, NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins,
-                       num_warps=cfg.row_warps)
+                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, HIST_SKIP=cfg.hist_skip, num_warps=nw)
+            lcap = 2 * cfg.cap if cfg.lean else 0
+            BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
+                       ws.blast, ws.bcount, ws.lean_l, ws.xf, NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap),
+                       NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap, num_warps=cfg.row_warps)
+            if cfg.lean:
+                LEAN.at(site, (rows, splits), x, x.stride(0), cols, ws.stage, ws.xf, ws.cand_ids, ws.cand_n,
+                        CHUNK=chunk, BLOCK=cfg.lean_block, LCAP=lcap, num_warps=cfg.lean_warps)
+                LEAN_FINISH.at(site, (rows,), x, x.stride(0), t, p, key0, key1, col_offset, scale, 1 << shift,
+                               ws.stage, ws.flags, token, valid, ws.raw, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift,
+                               ws.cabove, ws.mabove, ws.piv, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids,
+                               ws.cand_id, ws.cand_n, ws.p_mass, fallbacks, lean_counter(dev), NSPLIT=splits,
+                               CAP=cfg.cap, SMALL=cfg.small, LCAP=lcap, FC=LEAN_FINISH_COLS, P=cfg.pivots,
+                               NB=cfg.bins, NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

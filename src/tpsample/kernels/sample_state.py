@@ -13,6 +13,8 @@ A row moves through stages, each one streaming pass (round_kernel) plus one per-
 - DRAW: the masked Gumbel argmax over {key >= tkey}.
 - BRACKET: top-p without top-k, three passes in all (sample_bracket.py); a row whose bracket
   does not certify starts HIST.
+- LEAN: a BRACKET row with few entries from the bracket up: its third pass only lists columns
+  and a per-row step resolves them (sample_lean.py); a row that does not certify starts HIST.
 All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
 of the definition no matter how the search went.
 """
@@ -23,8 +25,8 @@ from .rng_triton import gumbel
 from .tlutil import BIG_ID32, KEY_NEG_INF, argmax_pair, key_to_float, order_key
 
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-DONE, COLLECT, DRAW, HIST, BRACKET = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
-                                     tl.constexpr(4))
+DONE, COLLECT, DRAW, HIST, BRACKET, LEAN = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
+                                           tl.constexpr(4), tl.constexpr(5))
 PHASE_TOPP, FAST, FIRST = tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
 
 

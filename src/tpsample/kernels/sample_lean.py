@@ -1,0 +1,144 @@
+"""Top-p without top-k when few entries lie from the bracket up: the lean third pass (stage LEAN).
+
+The bracket (sample_bracket.py) bounds the bins that surely hold only dropped entries; when the
+entries from the first other bin up number at most LCAP (twice CAP: the candidate key list's
+bytes, read as int32 ids), the bracket kernel marks the row LEAN and stores
+- L: a value at or below every entry of that bin, and
+- xf: an x bound with div_rn(x, T) >= L  =>  x >= xf (so the pass never divides).
+
+lean_kernel (rows x splits, pass 3): appends the column of every x >= xf to the row's id list
+through its atomic counter: one compare per entry, no division, no exponential, no noise.
+
+lean_finish_kernel (one program per row): reads the listed entries back (a gather), keeps those
+with l = x / T >= L, which is exactly the upper set {l >= L} of the row; of those, the entries of
+the bins above the bracket are all kept (exact int64 mass and Gumbel winner here), the others
+are the bracket's candidates, resolved as in `sample_bracket.resolve_keys`: v* from exact masses,
+certified by float64(mass above) < p * S <= float64(mass above + candidates' mass). A list that
+overflowed, or a bracket that does not certify, starts the exact search (stage HIST) and is
+counted in `fallbacks`. Rows resolved here are counted in `leans`.
+"""
+import triton
+import triton.language as tl
+
+from .rng_triton import gumbel_from_bits, uniform_bits
+from .sample_bracket import bin_of, resolve_keys, target_of
+from .sample_scan import fp32_nonan
+from .sample_state import DONE, LEAN, start_search
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
+
+
+@triton.jit
+def lean_kernel(x_ptr, stride, ncols, st_stage, st_xf, ids_ptr, cand_n,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, LCAP: tl.constexpr):
+    """Pass 3 of a LEAN row's split: the columns of x >= xf, appended (order does not matter)."""
+    row = tl.program_id(0)
+    if tl.load(st_stage + row) == LEAN:
+        start = tl.program_id(1) * CHUNK
+        end = tl.minimum(start + CHUNK, ncols)
+        xrow = x_ptr + row.to(tl.int64) * stride
+        out = ids_ptr + row.to(tl.int64) * LCAP
+        xf = tl.load(st_xf + row)
+        offs = tl.arange(0, BLOCK)
+        xr = tl.load(xrow + start + offs, mask=start + offs < end, other=NEG_INF)
+        for s in range(start, end, BLOCK):
+            cols = s + offs
+            xr_next = tl.load(xrow + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+            sel = xr.to(tl.float32) >= xf          # NaN compares false
+            xr = xr_next
+            nsel = tl.sum(sel.to(tl.int32), axis=0)
+            if nsel > 0:
+                base = tl.atomic_add(cand_n + row, nsel, sem="relaxed")   # read after the kernel
+                pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
+                tl.store(out + pos, cols, mask=sel & (pos < LCAP))
+
+
+@triton.jit
+def _split_listed(row, n, xrow, t, L, lo, inv, last, m, scale, one, k0, k1, col_offset, ids_ptr, cand_id,
+                  CAP: tl.constexpr, LCAP: tl.constexpr, FC: tl.constexpr, NBH: tl.constexpr,
+                  EXACT_EXP: tl.constexpr):
+    """Over the n listed columns: (mass, Gumbel winner) of the entries above the bracket, and the
+    bracket's candidates' columns written to cand_id (their number returned; past CAP counted,
+    not stored)."""
+    m_above = tl.zeros((), tl.int64)
+    best_v = tl.full((), NEG_INF, tl.float32)
+    best_i = tl.full((), BIG_ID32, tl.int32)
+    nb = tl.zeros((), tl.int32)
+    for c in range(0, n, FC):
+        idx = c + tl.arange(0, FC)
+        valid = idx < n
+        ids = tl.load(ids_ptr + row.to(tl.int64) * LCAP + idx, mask=valid, other=0)
+        l = div_t(fp32_nonan(tl.load(xrow + ids, mask=valid, other=NEG_INF)), t)
+        keep = valid & (l >= L) & (l > NEG_INF)
+        above = keep & (bin_of(l, lo, inv, NBH) > last)
+        inb = keep & ~above
+        m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+        if tl.max(above.to(tl.int32), axis=0) > 0:
+            g = gumbel_from_bits(uniform_bits(k0, k1, ids + col_offset))
+            v, i = argmax_pair(tl.where(above, l + g, NEG_INF), tl.where(above, ids, BIG_ID32))
+            best_v, best_i = pair_max(best_v, best_i, v, i)
+        pos = nb + tl.cumsum(inb.to(tl.int32), 0) - 1
+        tl.store(cand_id + row.to(tl.int64) * CAP + pos, ids, mask=inb & (pos < CAP))
+        nb += tl.sum(inb.to(tl.int32), axis=0)
+    return m_above, best_v, best_i, nb
+
+
+@triton.jit
+def _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr, key1_ptr, col_offset,
+                    cand_id, CAP: tl.constexpr, SIZE: tl.constexpr, EXACT_EXP: tl.constexpr):
+    idx = tl.arange(0, SIZE)
+    valid = idx < nb
+    ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=0)
+    l = div_t(fp32_nonan(tl.load(xrow + ids, mask=valid, other=NEG_INF)), t)
+    keys = tl.where(valid, order_key(l).to(tl.int64), -1)
+    return resolve_keys(row, keys, valid, idx, nb, target, m_above, av, ai, m, scale, one, key0_ptr, key1_ptr,
+                        col_offset, cand_id, CAP, EXACT_EXP)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def lean_finish_kernel(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                       st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_tkey, st_klo, st_khi, st_shift,
+                       st_cabove, st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, cand_n,
+                       p_mass, fallbacks, leans,
+                       NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, LCAP: tl.constexpr,
+                       FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr,
+                       EXACT_EXP: tl.constexpr):
+    """Resolves every LEAN row (see the module docstring); other rows return at once."""
+    row = tl.program_id(0)
+    if tl.load(st_stage + row) == LEAN:
+        n = tl.load(cand_n + row)
+        m = tl.load(st_m + row)
+        t = tl.load(t_ptr + row)
+        tkey = tl.load(st_tkey + row)
+        xrow = x_ptr + row.to(tl.int64) * stride
+        k0 = tl.load(key0_ptr + row).to(tl.uint32)
+        k1 = tl.load(key1_ptr + row).to(tl.uint32)
+        target = target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT)
+        tl.debug_barrier()         # every warp has read cand_n before it is reset
+        tl.store(cand_n + row, 0)
+        ok = n <= LCAP
+        v = tl.full((), NEG_INF, tl.float32)
+        i = tl.full((), BIG_ID32, tl.int32)
+        if ok:
+            m_above, av, ai, nb = _split_listed(row, n, xrow, t, tl.load(st_lean_l + row), tl.load(st_hlo + row),
+                                                tl.load(st_hinv + row), tl.load(st_last + row), m, scale, one, k0,
+                                                k1, col_offset, ids_ptr, cand_id, CAP, LCAP, FC, NBH, EXACT_EXP)
+            tl.debug_barrier()     # the candidates' columns are written before they are read
+            ok = nb <= CAP
+            if ok:
+                if nb <= SMALL:
+                    ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                                               key1_ptr, col_offset, cand_id, CAP, SMALL, EXACT_EXP)
+                else:
+                    ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                                               key1_ptr, col_offset, cand_id, CAP, CAP, EXACT_EXP)
+        stage = tl.full((), DONE, tl.int32)
+        if ok:
+            found = v > NEG_INF
+            tl.store(st_token + row, tl.where(found, i, tl.load(st_raw + row)).to(tl.int64) + col_offset)
+            tl.store(st_valid + row, found)
+            tl.atomic_add(leans, 1)
+        else:
+            tl.atomic_add(fallbacks, 1)
+            stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                                 st_mabove, st_piv, P, NB)
+        tl.store(st_stage + row, stage)
