@@ -30,14 +30,11 @@ P = {"topp", "topp_minp", "topp95"}
 VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
-    "lb256": (KernelConfig(lean_block=256), P),
-    "lb512": (KernelConfig(lean_block=512), P),
-    "lb2048": (KernelConfig(lean_block=2048), P),
-    "lw2": (KernelConfig(lean_warps=2), P),
-    "lw4_2048": (KernelConfig(lean_warps=4, lean_block=2048), P),
-    "noskip": (KernelConfig(hist_skip=False), P),
-    "all0": (KernelConfig(bracket_all=0), P),
-    "all2048": (KernelConfig(bracket_all=2048), P),
+    "la0_1024": (KernelConfig(lean_append=0, lean_block=1024), P),      # one atomic and a prefix sum per step
+    "lb1024": (KernelConfig(lean_block=1024), P),
+    "hskip": (KernelConfig(hist_skip=True), P),
+    "hb512": (KernelConfig(hist_block=512, hist_skip=True), P),
+    "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
     "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), F),
     "p64": (KernelConfig(filter_programs_per_sm=64), F),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
@@ -45,8 +42,8 @@ VARIANTS = {
 }
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
-OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "lean_kernel", "lean_finish_kernel",
-        "round_kernel", "finish_kernel", "drain_kernel")
+OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
+        "drain_kernel")
 
 
 def args_for(case, rows, vocab, gen):

@@ -35,9 +35,11 @@ class KernelConfig:
     hist_bins: int = 2048      # the bracket histogram of top-p rows without top-k (a power of two)
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
-    lean_block: int = 1024     # columns per step of the lean pass
-    lean_warps: int = 1        # warps of the lean pass
-    hist_skip: bool = True     # the hist pass tests each step for an entry in range before its atomics
+    lean_block: int = 256      # columns per step of the lean pass
+    lean_append: int = 1       # lean pass: 0 one atomic and a prefix sum per step, 1 one atomic per entry
+    hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
+    hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
+    hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
@@ -53,6 +55,8 @@ class KernelConfig:
                 continue
             if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
+        if self.lean_append not in (0, 1):
+            raise ValueError(f"KernelConfig.lean_append must be 0 or 1, got {self.lean_append!r}")
         for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0)):
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
@@ -68,8 +72,9 @@ class KernelConfig:
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
 _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
-                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "lean_warps": 32}
-_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols"}
+                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "hist_block": _COLS,
+                "hist_warps": 32}
+_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
 
 
 def _is_int(v) -> bool:

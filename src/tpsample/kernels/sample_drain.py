@@ -21,10 +21,12 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
                  st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                  st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, st_first, st_last, st_count,
-                 fallbacks,
+                 fallbacks, st_xf, st_lean_l, ids_ptr, leans,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr,
                  MAX_ROUNDS: tl.constexpr, NBH: tl.constexpr):
+    """Stages 1-4 only (COLLECT, DRAW, HIST): BRACKET and LEAN rows are settled by the first
+    round's finish (DONE, or HIST when they fall back)."""
     row = tl.program_id(0)
     stage = tl.load(st_stage + row)
     it = 0
@@ -33,14 +35,15 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
             round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                        st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                        cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-                       st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, 7,
-                       NBH)
+                       st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
+                       EXACT_EXP, 7, NBH, 1, BLOCK, 0)
         tl.debug_barrier()
         stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                             st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                             st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                             p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
-                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7)
+                            x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
+                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH)
         tl.debug_barrier()
         it += 1
     if stage != DONE:        # cannot happen (the search narrows every round); flag, never hang

@@ -9,21 +9,25 @@
   masses), then collect it if it is small, else place the next pivots.
 - after BRACKET: resolve v* from the bracket's candidates and draw (sample_bracket.py); a
   bracket over CAP entries or one that does not certify starts the exact search (HIST).
-Every row that starts the exact search from COLLECT or BRACKET is counted in `fallbacks`.
+- after LEAN: the same from the listed columns (sample_lean.py).
+Every row that starts the exact search from COLLECT, BRACKET or LEAN is counted in `fallbacks`.
 Rows still not DONE bump `pending`, which tells the host whether to run another round.
 """
 import triton
 import triton.language as tl
 
 from .sample_bracket import resolve_bracket
+from .sample_lean import after_lean
 from .sample_state import (
     BRACKET,
+    CN,
     COLLECT,
     DONE,
     DRAW,
     FAST,
     FIRST,
     HIST,
+    LEAN,
     PHASE_TOPP,
     draw_candidates,
     eligible_key,
@@ -201,8 +205,10 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                 st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                 st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
+                x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                 NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+                NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
+                FC: tl.constexpr, NBH: tl.constexpr):
     """The row's step after a round; returns its new stage (DONE when its token is written)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
@@ -219,7 +225,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
     cabove = tl.load(st_cabove + row)
     mabove = tl.load(st_mabove + row)
     S = tl.load(st_S + row)
-    n = tl.load(cand_n + row)
+    n = tl.load(cand_n + row * CN)
     tkey = tl.load(st_tkey + row)
     piv = tl.load(st_piv + row * P + tl.arange(0, P))
     tl.debug_barrier()
@@ -231,7 +237,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
         tl.store(st_valid + row, valid)
         stage = tl.full((), DONE, tl.int32)
     elif stage == COLLECT:
-        tl.store(cand_n + row, 0)
+        tl.store(cand_n + row * CN, 0)
         if n > CAP:
             tl.atomic_add(fallbacks, 1)
             topk_on = (k > 0) & (k < ncols)
@@ -253,11 +259,17 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                            st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
                            p_mgt, p_hist, NSPLIT, CAP, P, NB)
     elif ((STAGES & 8) != 0) & (stage == BRACKET):
-        tl.store(cand_n + row, 0)
+        tl.store(cand_n + row * CN, 0)
         stage = _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags,
                                st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
                                cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_count, fallbacks, NSPLIT, CAP,
                                SMALL, P, NB, EXACT_EXP)
+    elif ((STAGES & 8) != 0) & (stage == LEAN):
+        tl.store(cand_n + row * CN, 0)
+        stage = after_lean(row, n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset, scale,
+                           one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                           st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass,
+                           fallbacks, leans, NSPLIT, CAP, SMALL, LCAP, FC, P, NB, NBH, EXACT_EXP)
     tl.store(st_stage + row, stage)
     return stage
 
@@ -267,13 +279,16 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                   st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
                   st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                   p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_count, fallbacks,
+                  x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                   NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr):
+                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
+                  FC: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
     stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                         st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                         st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                         p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
-                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES)
+                        x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, LCAP, FC, NBH)
     if stage != DONE:
         tl.atomic_add(pending, 1)

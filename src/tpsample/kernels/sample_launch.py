@@ -1,8 +1,7 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits) and bracket_kernel (rows), then lean_kernel (rows x splits) and lean_finish_kernel
-(rows) unless `KernelConfig.lean` is off, only when some row has top-p without top-k], one round [round_kernel
+(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k], one round [round_kernel
 (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p, drain_kernel
 (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
@@ -30,15 +29,16 @@ from .launcher import Launcher, stream_scratch
 from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
-from .sample_lean import lean_finish_kernel, lean_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
+from .sample_state import CN
 
-SCAN, SELECT, HIST, BRACKET, LEAN, LEAN_FINISH, ROUND, FINISH, DRAIN = (
-    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, lean_kernel, lean_finish_kernel,
-                          round_kernel, finish_kernel, drain_kernel))
-LEAN_FINISH_COLS = 1024      # listed columns the lean finish reads per step
+SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
+                          drain_kernel))
+LEAN_FINISH_COLS = 1024
+CN_STRIDE = CN.value         # int32s between two rows' candidate counters      # listed columns the lean finish reads per step
 
 
 class Workspace:
@@ -54,7 +54,7 @@ class Workspace:
                   ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
                   ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
-                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
+                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
@@ -162,39 +162,34 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         # the host never waits
         scale = float(2.0 ** shift)
         stages = (3 if hints.any_top_k_or_p else 2) | (8 if hints.any_top_p_alone else 0)
-        fallbacks = fallback_counter(dev)
+        fallbacks, leans = fallback_counter(dev), lean_counter(dev)
+        lcap = 2 * cfg.cap if cfg.lean else 0        # a LEAN row's column list, in cand_key's bytes
         if hints.any_top_p_alone:
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
-                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block,
-                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, HIST_SKIP=cfg.hist_skip, num_warps=nw)
-            lcap = 2 * cfg.cap if cfg.lean else 0
+                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.hist_block or cfg.block,
+                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, HIST_SKIP=cfg.hist_skip, num_warps=cfg.hist_warps or nw)
             BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
                        ws.blast, ws.bcount, ws.lean_l, ws.xf, NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap),
                        NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap, num_warps=cfg.row_warps)
-            if cfg.lean:
-                LEAN.at(site, (rows, splits), x, x.stride(0), cols, ws.stage, ws.xf, ws.cand_ids, ws.cand_n,
-                        CHUNK=chunk, BLOCK=cfg.lean_block, LCAP=lcap, num_warps=cfg.lean_warps)
-                LEAN_FINISH.at(site, (rows,), x, x.stride(0), t, p, key0, key1, col_offset, scale, 1 << shift,
-                               ws.stage, ws.flags, token, valid, ws.raw, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift,
-                               ws.cabove, ws.mabove, ws.piv, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids,
-                               ws.cand_id, ws.cand_n, ws.p_mass, fallbacks, lean_counter(dev), NSPLIT=splits,
-                               CAP=cfg.cap, SMALL=cfg.small, LCAP=lcap, FC=LEAN_FINISH_COLS, P=cfg.pivots,
-                               NB=cfg.bins, NBH=cfg.hist_bins, EXACT_EXP=exact_exp, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
               ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount,
-              NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
-              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, num_warps=nw)
+              ws.xf, ws.cand_ids, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
+              NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, LCAP=lcap,
+              LEAN_BLOCK=cfg.lean_block, APPEND=cfg.lean_append, num_warps=nw)
         FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,
+               x, x.stride(0), t, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids, leans,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-               EXACT_EXP=exact_exp, STAGES=stages, num_warps=cfg.row_warps)
+               EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=LEAN_FINISH_COLS, NBH=cfg.hist_bins,
+               num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
                   ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount, fallbacks,
+                  ws.xf, ws.lean_l, ws.cand_ids, leans,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
                   NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, NBH=cfg.hist_bins,
                   num_warps=cfg.row_warps)

@@ -6,10 +6,11 @@ bytes, read as int32 ids), the bracket kernel marks the row LEAN and stores
 - L: a value at or below every entry of that bin, and
 - xf: an x bound with div_rn(x, T) >= L  =>  x >= xf (so the pass never divides).
 
-lean_kernel (rows x splits, pass 3): appends the column of every x >= xf to the row's id list
-through its atomic counter: one compare per entry, no division, no exponential, no noise.
+`lean_collect` (the round kernel's pass for LEAN rows, pass 3): appends the column of every
+x >= xf to the row's id list through its atomic counter: one compare per entry, no division,
+no exponential, no noise.
 
-lean_finish_kernel (one program per row): reads the listed entries back (a gather), keeps those
+`after_lean` (the finish kernel's step for LEAN rows): reads the listed entries back (a gather), keeps those
 with l = x / T >= L, which is exactly the upper set {l >= L} of the row; of those, the entries of
 the bins above the bracket are all kept (exact int64 mass and Gumbel winner here), the others
 are the bracket's candidates, resolved as in `sample_bracket.resolve_keys`: v* from exact masses,
@@ -23,33 +24,34 @@ import triton.language as tl
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_bracket import bin_of, resolve_keys, target_of
 from .sample_scan import fp32_nonan
-from .sample_state import DONE, LEAN, start_search
+from .sample_state import CN, DONE, start_search
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
 
 
 @triton.jit
-def lean_kernel(x_ptr, stride, ncols, st_stage, st_xf, ids_ptr, cand_n,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, LCAP: tl.constexpr):
-    """Pass 3 of a LEAN row's split: the columns of x >= xf, appended (order does not matter)."""
-    row = tl.program_id(0)
-    if tl.load(st_stage + row) == LEAN:
-        start = tl.program_id(1) * CHUNK
-        end = tl.minimum(start + CHUNK, ncols)
-        xrow = x_ptr + row.to(tl.int64) * stride
-        out = ids_ptr + row.to(tl.int64) * LCAP
-        xf = tl.load(st_xf + row)
-        offs = tl.arange(0, BLOCK)
-        xr = tl.load(xrow + start + offs, mask=start + offs < end, other=NEG_INF)
-        for s in range(start, end, BLOCK):
-            cols = s + offs
-            xr_next = tl.load(xrow + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
-            sel = xr.to(tl.float32) >= xf          # NaN compares false
-            xr = xr_next
+def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr,
+                 APPEND: tl.constexpr):
+    """Pass 3 of a LEAN row's split [start, end): the columns of x >= xf, appended (order does
+    not matter). APPEND picks how (`KernelConfig.lean_append`)."""
+    xrow = x_ptr + row_off
+    out = ids_ptr + row.to(tl.int64) * LCAP
+    counter = cand_n + row * CN
+    offs = tl.arange(0, BLOCK)
+    xr = tl.load(xrow + start + offs, mask=start + offs < end, other=NEG_INF)
+    for s in range(start, end, BLOCK):
+        cols = s + offs
+        xr_next = tl.load(xrow + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        sel = xr.to(tl.float32) >= xf          # NaN compares false
+        xr = xr_next
+        if APPEND == 0:     # one atomic per step, places from a prefix sum over the step
             nsel = tl.sum(sel.to(tl.int32), axis=0)
             if nsel > 0:
-                base = tl.atomic_add(cand_n + row, nsel, sem="relaxed")   # read after the kernel
+                base = tl.atomic_add(counter, nsel, sem="relaxed")   # read after the kernel
                 pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
                 tl.store(out + pos, cols, mask=sel & (pos < LCAP))
+        else:               # one atomic per listed entry: no prefix sum over the step's entries
+            pos = tl.atomic_add(counter + offs * 0, 1, mask=sel, sem="relaxed")
+            tl.store(out + pos, cols, mask=sel & (pos < LCAP))
 
 
 @triton.jit
@@ -94,51 +96,43 @@ def _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, ke
                         col_offset, cand_id, CAP, EXACT_EXP)
 
 
-@triton.jit(do_not_specialize=["col_offset"])
-def lean_finish_kernel(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
-                       st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_tkey, st_klo, st_khi, st_shift,
-                       st_cabove, st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, cand_n,
-                       p_mass, fallbacks, leans,
-                       NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, LCAP: tl.constexpr,
-                       FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr,
-                       EXACT_EXP: tl.constexpr):
-    """Resolves every LEAN row (see the module docstring); other rows return at once."""
-    row = tl.program_id(0)
-    if tl.load(st_stage + row) == LEAN:
-        n = tl.load(cand_n + row)
-        m = tl.load(st_m + row)
-        t = tl.load(t_ptr + row)
-        tkey = tl.load(st_tkey + row)
-        xrow = x_ptr + row.to(tl.int64) * stride
-        k0 = tl.load(key0_ptr + row).to(tl.uint32)
-        k1 = tl.load(key1_ptr + row).to(tl.uint32)
-        target = target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT)
-        tl.debug_barrier()         # every warp has read cand_n before it is reset
-        tl.store(cand_n + row, 0)
-        ok = n <= LCAP
-        v = tl.full((), NEG_INF, tl.float32)
-        i = tl.full((), BIG_ID32, tl.int32)
+@triton.jit
+def after_lean(row, n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+               st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
+               st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass, fallbacks, leans,
+               NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, LCAP: tl.constexpr,
+               FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr):
+    """The per-row step of a LEAN row (see the module docstring): its token, or the exact search;
+    returns the new stage. n: the listed columns' count."""
+    t = tl.load(t_ptr + row)
+    xrow = x_ptr + row.to(tl.int64) * stride
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    target = target_of(p, p_mass, row, NSPLIT)
+    ok = n <= LCAP
+    v = tl.full((), NEG_INF, tl.float32)
+    i = tl.full((), BIG_ID32, tl.int32)
+    if ok:
+        m_above, av, ai, nb = _split_listed(row, n, xrow, t, tl.load(st_lean_l + row), tl.load(st_hlo + row),
+                                            tl.load(st_hinv + row), tl.load(st_last + row), m, scale, one, k0,
+                                            k1, col_offset, ids_ptr, cand_id, CAP, LCAP, FC, NBH, EXACT_EXP)
+        tl.debug_barrier()     # the candidates' columns are written before they are read
+        ok = nb <= CAP
         if ok:
-            m_above, av, ai, nb = _split_listed(row, n, xrow, t, tl.load(st_lean_l + row), tl.load(st_hlo + row),
-                                                tl.load(st_hinv + row), tl.load(st_last + row), m, scale, one, k0,
-                                                k1, col_offset, ids_ptr, cand_id, CAP, LCAP, FC, NBH, EXACT_EXP)
-            tl.debug_barrier()     # the candidates' columns are written before they are read
-            ok = nb <= CAP
-            if ok:
-                if nb <= SMALL:
-                    ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
-                                               key1_ptr, col_offset, cand_id, CAP, SMALL, EXACT_EXP)
-                else:
-                    ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
-                                               key1_ptr, col_offset, cand_id, CAP, CAP, EXACT_EXP)
-        stage = tl.full((), DONE, tl.int32)
-        if ok:
-            found = v > NEG_INF
-            tl.store(st_token + row, tl.where(found, i, tl.load(st_raw + row)).to(tl.int64) + col_offset)
-            tl.store(st_valid + row, found)
-            tl.atomic_add(leans, 1)
-        else:
-            tl.atomic_add(fallbacks, 1)
-            stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
-                                 st_mabove, st_piv, P, NB)
-        tl.store(st_stage + row, stage)
+            if nb <= SMALL:
+                ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                                           key1_ptr, col_offset, cand_id, CAP, SMALL, EXACT_EXP)
+            else:
+                ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                                           key1_ptr, col_offset, cand_id, CAP, CAP, EXACT_EXP)
+    stage = tl.full((), DONE, tl.int32)
+    if ok:
+        found = v > NEG_INF
+        tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, found)
+        tl.atomic_add(leans, 1)
+    else:
+        tl.atomic_add(fallbacks, 1)
+        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                             st_mabove, st_piv, P, NB)
+    return stage

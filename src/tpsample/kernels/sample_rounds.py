@@ -11,6 +11,7 @@ round_kernel, grid (rows, splits), one read of the row split, by stage:
   computed only in blocks where an entry's bound (see scan's may_win) reaches the best so far.
 - BRACKET: the bracket's candidates, and the mass and winner of the entries above it
   (sample_bracket.py); nothing when the bracket holds more than CAP entries.
+- LEAN: the columns of x >= the row's x bound, listed (sample_lean.py).
 Loads run one block ahead (software prefetch).
 Eligible means l > -inf and key >= tkey. Keys are `order_key(l)`, so key order is value order.
 """
@@ -19,12 +20,14 @@ import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_bracket import collect_bracket
+from .sample_lean import lean_collect
 from .sample_scan import fp32_nonan, may_win
 from .sample_state import (
     BRACKET,
     COLLECT,
     DRAW,
     HIST,
+    LEAN,
     PHASE_TOPP,
     append_candidates,
 )
@@ -134,10 +137,10 @@ def _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, 
 def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               st_hlo, st_hinv, st_first, st_last, st_count,
+               st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-               NBH: tl.constexpr):
+               NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr, APPEND: tl.constexpr):
     """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
@@ -172,6 +175,9 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
             _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
                           st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
                           p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
+        if ((STAGES & 8) != 0) & (stage == LEAN):
+            lean_collect(x_ptr, row_off, start, end, row, tl.load(st_xf + row), ids_ptr, cand_n, LEAN_BLOCK, LCAP,
+                         APPEND)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -179,11 +185,11 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                  st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                  cand_key, cand_id, cand_n,
                  p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, pending, st_hlo, st_hinv, st_first,
-                 st_last, st_count,
+                 st_last, st_count, st_xf, ids_ptr,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-                 NBH: tl.constexpr):
-    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET); the
+                 NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr, APPEND: tl.constexpr):
+    """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET and LEAN); the
     first round leaves HIST out (rows there wait a round), which keeps that variant's registers
     low."""
     row = tl.program_id(0)
@@ -192,4 +198,5 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               st_hlo, st_hinv, st_first, st_last, st_count, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP, STAGES, NBH)
+               st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP,
+               STAGES, NBH, LCAP, LEAN_BLOCK, APPEND)

@@ -18,7 +18,6 @@ from .sample_state import FILTER, GREEDY, PLAIN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, fexp, pair_max
 
 
-
 @triton.jit
 def row_flags(t, k, p, lmp, ncols):
     """(mode, top-k on, top-p on, min-p on) of a row from its parameters."""

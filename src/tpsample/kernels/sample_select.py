@@ -16,6 +16,7 @@ from .sample_bracket import range_for_top_p
 from .sample_scan import fp32_nonan, row_flags
 from .sample_state import (
     BRACKET,
+    CN,
     COLLECT,
     DONE,
     DRAW,
@@ -108,7 +109,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
         raw_i = raw_argmax(x_ptr + row.to(tl.int64) * stride, ncols)
     tl.store(st_raw + row, raw_i)
     tl.store(st_m + row, m)
-    tl.store(cand_n + row, 0)
+    tl.store(cand_n + row * CN, 0)
     stage = tl.full((), DONE, tl.int32)
     token = raw_i
     if mode == PLAIN:
