@@ -31,12 +31,14 @@ VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
     "la0_1024": (KernelConfig(lean_append=0, lean_block=1024), P),      # one atomic and a prefix sum per step
-    "lb1024": (KernelConfig(lean_block=1024), P),
     "hskip": (KernelConfig(hist_skip=True), P),
-    "hb512": (KernelConfig(hist_block=512, hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
+    "rw1": (KernelConfig(row_warps=1), F),
+    "rw2": (KernelConfig(row_warps=2), F),
+    "rw8": (KernelConfig(row_warps=8), F),
+    "rw1_fc256": (KernelConfig(row_warps=1, lean_read_cols=256), P),
+    "rw2_fc512": (KernelConfig(row_warps=2, lean_read_cols=512), P),
     "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), F),
-    "p64": (KernelConfig(filter_programs_per_sm=64), F),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
     "plain_p32": (KernelConfig(programs_per_sm=32), {"temperature", "greedy"}),
 }

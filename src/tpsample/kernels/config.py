@@ -37,6 +37,7 @@ class KernelConfig:
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_append: int = 1       # lean pass: 0 one atomic and a prefix sum per step, 1 one atomic per entry
+    lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
@@ -72,7 +73,7 @@ class KernelConfig:
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
 _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
-                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "hist_block": _COLS,
+                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "lean_read_cols": _COLS, "hist_block": _COLS,
                 "hist_warps": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
 

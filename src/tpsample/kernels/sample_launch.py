@@ -37,7 +37,6 @@ from .sample_state import CN
 SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
     Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
                           drain_kernel))
-LEAN_FINISH_COLS = 1024
 CN_STRIDE = CN.value         # int32s between two rows' candidate counters      # listed columns the lean finish reads per step
 
 
@@ -183,7 +182,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,
                x, x.stride(0), t, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids, leans,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
-               EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=LEAN_FINISH_COLS, NBH=cfg.hist_bins,
+               EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=cfg.lean_read_cols, NBH=cfg.hist_bins,
                num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
