@@ -127,10 +127,11 @@ def test_ties_go_to_the_lowest_id():
 
 def test_strided_rows_and_column_offset():
     gen = torch.Generator().manual_seed(4)
-    big = logits("randn", 4, 400, gen)
+    big = logits("randn", 5, 400, gen)
     x = big[:, 50:330]                        # row stride 400, unaligned start
-    rows = [TEMPERATURE, (0.8, 50, 0.9, 0.0), GREEDY, (0.8, 0, 1.0, 0.05)]
-    check(x, rows, col_offset=1000)
+    rows = [TEMPERATURE, (0.8, 50, 0.9, 0.0), GREEDY, (0.8, 0, 1.0, 0.05), (0.8, 0, 0.9, 0.0)]
+    for cfg in (DEFAULT, KernelConfig(bracket_all=0)):      # the top-p row, lean (and drawn above its bracket)
+        assert _leans_and_fallbacks(x, rows, cfg, col_offset=1000) == (1, 0)
     check(x, rows, SPLIT, col_offset=77)
 
 
@@ -160,12 +161,12 @@ def _fallbacks_of(x, rows, cfg):
     return _leans_and_fallbacks(x, rows, cfg)[1]
 
 
-def _leans_and_fallbacks(x, rows, cfg):
+def _leans_and_fallbacks(x, rows, cfg, col_offset=0):
     """(rows the lean pass resolved, rows that fell back to the exact search) of one checked call."""
     from tpsample.kernels.config import fallback_counter, lean_counter
     leans, falls = lean_counter(torch.device(DEV)), fallback_counter(torch.device(DEV))
     before = int(leans.item()), int(falls.item())
-    check(x, rows, cfg)
+    check(x, rows, cfg, col_offset=col_offset)
     return int(leans.item()) - before[0], int(falls.item()) - before[1]
 
 
