@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,10 @@ class KernelConfig:
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
         if self.small > self.cap:
             raise ValueError(f"KernelConfig.small must be <= cap ({self.cap}), got {self.small}")
+        _cache_hash(self)
+
+    def __hash__(self):         # computed once: launches and shape caches hash the config every call
+        return self._hash
 
 
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
@@ -76,6 +81,11 @@ _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plai
                 "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "lean_read_cols": _COLS, "hist_block": _COLS,
                 "hist_warps": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
+
+
+def _cache_hash(obj) -> None:
+    """Store the hash of a frozen dataclass's fields on it (read by its `__hash__`)."""
+    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))))
 
 
 def _is_int(v) -> bool:
@@ -186,6 +196,12 @@ class RowHints:
     any_greedy: bool = True
     any_plain: bool = True
     any_top_p_alone: bool = True
+
+    def __post_init__(self):
+        _cache_hash(self)
+
+    def __hash__(self):         # computed once: every launch of a call hashes its hints
+        return self._hash
 
     @property
     def modes(self) -> int:
