@@ -96,34 +96,30 @@ DEFAULT = KernelConfig()
 
 
 _FALLBACKS: dict = {}
+_LEANS: dict = {}
+
+
+def _device_counter(store: dict, dev) -> torch.Tensor:
+    dev = torch.device(dev)
+    if dev.type == "cuda" and dev.index is None:      # "cuda" and "cuda:0" share one counter
+        dev = torch.device("cuda", torch.cuda.current_device())
+    got = store.get(dev)
+    if got is None:
+        got = store[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return got
 
 
 def fallback_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far whose
     candidates overflowed or whose top-p bracket did not certify, so that they took the exact
     one-program-per-row search (the drain kernel). A device tensor: read it off the hot path."""
-    dev = torch.device(dev)
-    if dev.type == "cuda" and dev.index is None:      # "cuda" and "cuda:0" share one counter
-        dev = torch.device("cuda", torch.cuda.current_device())
-    got = _FALLBACKS.get(dev)
-    if got is None:
-        got = _FALLBACKS[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
-    return got
-
-
-_LEANS: dict = {}
+    return _device_counter(_FALLBACKS, dev)
 
 
 def lean_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far that the lean
     top-p pass resolved (kernels/sample_lean.py). A device tensor: read it off the hot path."""
-    dev = torch.device(dev)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    got = _LEANS.get(dev)
-    if got is None:
-        got = _LEANS[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
-    return got
+    return _device_counter(_LEANS, dev)
 
 
 def interpreting() -> bool:

@@ -37,7 +37,7 @@ from .sample_state import CN
 SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
     Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
                           drain_kernel))
-CN_STRIDE = CN.value         # int32s between two rows' candidate counters      # listed columns the lean finish reads per step
+CN_STRIDE = CN.value         # int32s between two rows' candidate counters
 
 
 class Workspace:

@@ -10,10 +10,11 @@ bytes, read as int32 ids), the bracket kernel marks the row LEAN and stores
 x >= xf to the row's id list through its atomic counter: one compare per entry, no division,
 no exponential, no noise.
 
-`after_lean` (the finish kernel's step for LEAN rows): reads the listed entries back (a gather), keeps those
-with l = x / T >= L, which is exactly the upper set {l >= L} of the row; of those, the entries of
-the bins above the bracket are all kept (exact int64 mass and Gumbel winner here), the others
-are the bracket's candidates, resolved as in `sample_bracket.resolve_keys`: v* from exact masses,
+`after_lean` (the finish kernel's step for LEAN rows): reads the listed entries back (a
+gather), keeps those with l = x / T >= L, which is exactly the upper set {l >= L} of the row; of
+those, the entries of the bins above the bracket are all kept (exact int64 mass and Gumbel
+winner here), the others are the bracket's candidates, resolved by
+`sample_bracket.resolve_keys`: v* from exact masses,
 certified by float64(mass above) < p * S <= float64(mass above + candidates' mass). A list that
 overflowed, or a bracket that does not certify, starts the exact search (stage HIST) and is
 counted in `fallbacks`. Rows resolved here are counted in `leans`.
