@@ -88,3 +88,31 @@ def test_fused_kernel_path_gives_the_torch_pipeline_tokens(monkeypatch):
     assert kernel_path["steps"] == torch_path["steps"]
     assert any(f for step in torch_path["steps"] for f in step[2])      # the guard row was exercised
     assert any(n for step in torch_path["steps"] for n in step[1])      # NaNs were counted
+
+
+COUNTS = r"""
+import json, torch, tpsample
+from tpsample import SamplingParams as P
+V = 1500
+s = tpsample.Sampler(V, seed=1)
+top_p = [P(temperature=0.8, top_p=0.9, seed=i) for i in range(3)] + [P(top_p=0.5, min_p=0.02, seed=3)]
+others = [P(temperature=0.8, top_k=20, top_p=0.9, seed=4), P(min_p=0.05, seed=5), P(temperature=0)]
+for i, p in enumerate(top_p + others):
+    s.add_request(str(i), p, [1, 2, 3])
+ids = [str(i) for i in range(len(top_p) + len(others))]
+before = s.kernel_lean_rows(), s.kernel_fallback_rows()
+g = torch.Generator().manual_seed(0)
+for _ in range(2):
+    s.sample(torch.randn(len(ids), V, generator=g) * 3, s.plan(ids))
+print("RESULT" + json.dumps({"lean": s.kernel_lean_rows() - before[0],
+                             "fallback": s.kernel_fallback_rows() - before[1]}))
+"""
+
+
+def test_the_sampler_counts_the_top_p_rows_its_kernels_resolved_lean():
+    """Top-p rows without top-k (min-p allowed) on ordinary logits take the lean pass, and the
+    sampler says so; top-k, min-p-only and greedy rows never count there, and nothing falls back."""
+    env = dict(os.environ, TRITON_INTERPRET="1", TPSAMPLE_KERNELS_ON_CPU="1")
+    res = subprocess.run([sys.executable, "-c", COUNTS], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _result(res.stdout) == {"lean": 8, "fallback": 0}     # 4 top-p rows x 2 steps

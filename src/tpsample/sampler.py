@@ -269,6 +269,14 @@ class Sampler:
         from .kernels.config import fallback_counter
         return 0 if self.device is None else int(fallback_counter(self.device).item())
 
+    def kernel_lean_rows(self) -> int:
+        """Rows sampled by the kernels on this sampler's device so far (every sampler of the
+        device counts here) whose top-p without top-k took the lean third pass: at most 4,096
+        entries from the bracket up, listed by one compare and resolved per row (the fast case;
+        rows keeping more entries take the collect pass). Reads the device (not for hot paths)."""
+        from .kernels.config import lean_counter
+        return 0 if self.device is None else int(lean_counter(self.device).item())
+
     def output_token_ids(self, req_id: str) -> list[int]:
         """The tokens a request has emitted so far (reads the device: not for hot paths)."""
         return self.store.slots.get(req_id).output_token_ids
