@@ -3,7 +3,7 @@
 For each case and size and each variant that applies to it: the device time of the sampling
 kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
 point are left out) and of each kernel, with a check that every variant gives the default's
-tokens.
+tokens, and how many rows took the lean top-p pass or fell back to the exact search.
     [CASES=topp,minp] [SKIP=b1024,p64] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
