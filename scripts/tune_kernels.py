@@ -30,7 +30,7 @@ P = {"topp", "topp_minp", "topp95"}
 VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
-    "la0_1024": (KernelConfig(lean_append=0, lean_block=1024), P),      # one atomic and a prefix sum per step
+    "lb1024": (KernelConfig(lean_block=1024), P),
     "hskip": (KernelConfig(hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
     "rw1": (KernelConfig(row_warps=1), F),

@@ -183,7 +183,7 @@ def test_top_p_without_top_k_is_settled_by_the_bracket_pass(kind):
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 @pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(bracket_all=0),
                                  KernelConfig(splits=4, block=64, scan_cols=64, lean_block=32, bracket_all=0),
-                                 KernelConfig(hist_skip=True, hist_block=128, hist_warps=2, lean_block=128, lean_append=0)],
+                                 KernelConfig(hist_skip=True, hist_block=128, hist_warps=2, lean_block=128)],
                          ids=["default", "above_split", "many_programs", "other_shapes"])
 def test_rows_with_few_entries_from_the_bracket_up_are_resolved_exactly_by_the_lean_pass(kind, cfg):
     """The lean pass lists the columns of x >= xf by one compare and resolves them per row (the

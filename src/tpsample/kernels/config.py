@@ -4,10 +4,10 @@ Shared by the dispatch entry points and the launch modules, which import nothing
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +37,6 @@ class KernelConfig:
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
-    lean_append: int = 1       # lean pass: 0 one atomic and a prefix sum per step, 1 one atomic per entry
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
@@ -57,8 +56,6 @@ class KernelConfig:
                 continue
             if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
-        if self.lean_append not in (0, 1):
-            raise ValueError(f"KernelConfig.lean_append must be 0 or 1, got {self.lean_append!r}")
         for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0)):
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
@@ -78,8 +75,8 @@ class KernelConfig:
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
 _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
-                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS, "lean_read_cols": _COLS, "hist_block": _COLS,
-                "hist_warps": 32}
+                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
+                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
 
 

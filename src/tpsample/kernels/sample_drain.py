@@ -36,7 +36,7 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
                        st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                        cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
                        st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
-                       EXACT_EXP, 7, NBH, 1, BLOCK, 0)
+                       EXACT_EXP, 7, NBH, 1, BLOCK)
         tl.debug_barrier()
         stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                             st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,

@@ -176,7 +176,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
               ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount,
               ws.xf, ws.cand_ids, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block, CAP=cfg.cap, P=cfg.pivots,
               NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, LCAP=lcap,
-              LEAN_BLOCK=cfg.lean_block, APPEND=cfg.lean_append, num_warps=nw)
+              LEAN_BLOCK=cfg.lean_block, num_warps=nw)
         FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,

@@ -30,10 +30,10 @@ from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair
 
 
 @triton.jit
-def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr,
-                 APPEND: tl.constexpr):
+def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr):
     """Pass 3 of a LEAN row's split [start, end): the columns of x >= xf, appended (order does
-    not matter). APPEND picks how (`KernelConfig.lean_append`)."""
+    not matter) with one atomic per listed entry: no prefix sum over a step's entries, which
+    measured slower (89 against 68 us at 256 x 151,936 on an H200)."""
     xrow = x_ptr + row_off
     out = ids_ptr + row.to(tl.int64) * LCAP
     counter = cand_n + row * CN
@@ -44,15 +44,8 @@ def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl
         xr_next = tl.load(xrow + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
         sel = xr.to(tl.float32) >= xf          # NaN compares false
         xr = xr_next
-        if APPEND == 0:     # one atomic per step, places from a prefix sum over the step
-            nsel = tl.sum(sel.to(tl.int32), axis=0)
-            if nsel > 0:
-                base = tl.atomic_add(counter, nsel, sem="relaxed")   # read after the kernel
-                pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
-                tl.store(out + pos, cols, mask=sel & (pos < LCAP))
-        else:               # one atomic per listed entry: no prefix sum over the step's entries
-            pos = tl.atomic_add(counter + offs * 0, 1, mask=sel, sem="relaxed")
-            tl.store(out + pos, cols, mask=sel & (pos < LCAP))
+        pos = tl.atomic_add(counter + offs * 0, 1, mask=sel, sem="relaxed")     # read after the kernel
+        tl.store(out + pos, cols, mask=sel & (pos < LCAP))
 
 
 @triton.jit
