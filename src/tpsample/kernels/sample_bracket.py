@@ -31,7 +31,14 @@ import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, may_win
-from .sample_state import BRACKET, LEAN, append_candidates, draw_candidates
+from .sample_state import (
+    BRACKET,
+    DONE,
+    LEAN,
+    append_candidates,
+    draw_candidates,
+    start_search,
+)
 from .tlutil import (
     BIG_ID32,
     NEG_INF,
@@ -225,6 +232,24 @@ def resolve_keys(row, keys, valid, idx, n, target, m_above, av, ai, m, scale, on
     bv, bi = draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP)
     v, i = pair_max(av, ai, bv, bi)
     return ok, v, i
+
+
+@triton.jit
+def settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi, st_shift,
+           st_cabove, st_mabove, st_piv, fallbacks, P: tl.constexpr, NB: tl.constexpr):
+    """The row's new stage after its bracket was resolved: DONE with its token (the winner
+    (v, i), or the guard's `raw` when nothing was kept) when certified, else the exact search
+    (HIST), counted in `fallbacks`."""
+    stage = tl.full((), DONE, tl.int32)
+    if ok:
+        found = v > NEG_INF
+        tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, found)
+    else:
+        tl.atomic_add(fallbacks, 1)
+        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+                             st_mabove, st_piv, P, NB)
+    return stage
 
 
 @triton.jit

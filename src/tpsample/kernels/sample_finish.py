@@ -16,7 +16,7 @@ Rows still not DONE bump `pending`, which tells the host whether to run another 
 import triton
 import triton.language as tl
 
-from .sample_bracket import resolve_bracket
+from .sample_bracket import resolve_bracket, settle
 from .sample_lean import after_lean
 from .sample_state import (
     BRACKET,
@@ -188,16 +188,8 @@ def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_
         else:
             ok, v, i = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
                                        p_mass, p_cnt, p_best_v, p_best_i, NSPLIT, CAP, CAP, EXACT_EXP)
-    stage = tl.full((), DONE, tl.int32)
-    if ok:
-        found = v > NEG_INF
-        tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
-        tl.store(st_valid + row, found)
-    else:
-        tl.atomic_add(fallbacks, 1)
-        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
-                             st_mabove, st_piv, P, NB)
-    return stage
+    return settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi,
+                  st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB)
 
 
 @triton.jit

@@ -23,9 +23,9 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import bin_of, resolve_keys, target_of
+from .sample_bracket import bin_of, resolve_keys, settle, target_of
 from .sample_scan import fp32_nonan
-from .sample_state import CN, DONE, start_search
+from .sample_state import CN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
 
 
@@ -119,14 +119,7 @@ def after_lean(row, n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr
             else:
                 ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
                                            key1_ptr, col_offset, cand_id, CAP, CAP, EXACT_EXP)
-    stage = tl.full((), DONE, tl.int32)
     if ok:
-        found = v > NEG_INF
-        tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
-        tl.store(st_valid + row, found)
         tl.atomic_add(leans, 1)
-    else:
-        tl.atomic_add(fallbacks, 1)
-        stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
-                             st_mabove, st_piv, P, NB)
-    return stage
+    return settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi,
+                  st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB)
