@@ -2,13 +2,14 @@
 
 Rows with top-p and no top-k (min-p allowed) used to start from block-maxima bounds that fail on
 such rows (the block maxima hold less than p of the mass), collect the whole row and fall into
-the one-program-per-row search. Here they take, after the scan (pass 1: m = max(l) and an fp32
-sum of exp(l - m)):
+the one-program-per-row search. Here they take, after the scan (pass 1: m = max(l) and the
+maximum of every block of BB columns):
 
 - select: a range [lo, m] that must hold v*: every dropped entry is <= v*, they carry more than
   (1 - p) of S, and there are at most V of them, so exp(v* - m) > (1 - p) S / V, i.e.
-  v* >= m + log((1 - p) * S_lo / V) with S_lo <= S/2**shift (1 with min-p, where S counts only
-  entries >= t1). lo is that bound less a margin, and never below t1.
+  v* >= m + log((1 - p) * S_lo / V) with S_lo <= S/2**shift: the sum of exp(b - m) over the
+  block maxima b, distinct entries of the row (1 with min-p, where S counts only entries >= t1).
+  lo is that bound less a margin, and never below t1.
 - hist_kernel (pass 2, rows x splits): the exact mass S of the eligible entries (int64, per
   split) and an exact count histogram of the entries in [lo, m] over NBH bins uniform in value,
   bin(l) = min(floor((l - lo) * inv), NBH - 1) in fp32 (monotone in l, so bins are value
@@ -55,7 +56,8 @@ from .tlutil import (
 @triton.jit
 def range_for_top_p(m, t1, p, s_all, minp, ncols):
     """(lo, inv): the bracket's value range [lo, m] (see the module docstring) and NBH / width
-    (the caller multiplies by NBH). s_all: the scan's fp32 sum of exp(l - m) over the row."""
+    (the caller multiplies by NBH). s_all: a lower bound of the row's sum of exp(l - m), within
+    the fast exp's ulps (the block maxima's sum)."""
     s_lo = tl.where(minp, 1.0, tl.maximum(s_all * 0.999, 1.0))
     lo = m + tl.log(s_lo * (1.0 - p) * 0.999 / ncols.to(tl.float32)) - 1e-3
     lo = tl.maximum(lo, t1)

@@ -48,7 +48,7 @@ class Workspace:
         f32, i32, i64 = torch.float32, torch.int32, torch.int64
         n = rows * splits
         fields = [("raw_v", n, f32), ("raw_i", n, i32), ("max", n, f32), ("best_v", n, f32), ("best_i", n, i32),
-                  ("se_m", n, f32), ("se_s", n, f32), ("nans", n, i32), ("bmax", (rows, nblk), f32),
+                  ("nans", n, i32), ("bmax", (rows, nblk), f32),
                   ("stage", rows, i32), ("flags", rows, i32),
                   ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
                   ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
@@ -147,11 +147,11 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
     nw = cfg.num_warps
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
-         ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.se_m, ws.se_s, ws.nans, ws.bmax,
+         ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
          num_warps=cfg.scan_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
-           ws.best_i, ws.se_m, ws.se_s, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
+           ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
            NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
            EXACT_EXP=exact_exp, NBH=cfg.hist_bins, num_warps=cfg.row_warps)

@@ -55,10 +55,11 @@ def kth_block_max(bmax_ptr, row, nblk, k, NBP: tl.constexpr):
 
 
 @triton.jit
-def sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP: tl.constexpr):
-    """The scan's fp32 sum of exp(l - m) over the row, from its per-split (max, sum) pairs."""
-    se_m = tl.load(se_m_ptr + parts)
-    return tl.sum(tl.where(se_m > NEG_INF, tl.load(se_s_ptr + parts) * fexp(se_m - m, EXACT_EXP), 0.0), axis=0)
+def block_max_sum(bmax_ptr, row, nblk, m, NBP: tl.constexpr):
+    """sum(exp(b - m)) over the row's block maxima b: at most the row's sum of exp(l - m) (the
+    maxima are distinct entries; the fast exp's ulps are within range_for_top_p's margin)."""
+    bv, _, _ = _block_keys(bmax_ptr, row, nblk, NBP)
+    return tl.sum(tl.where(bv > NEG_INF, fexp(bv - m, False), 0.0), axis=0)
 
 
 @triton.jit
@@ -86,7 +87,7 @@ def raw_argmax(xrow, ncols):
 
 @triton.jit(do_not_specialize=["col_offset"])
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
-                  raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, se_m_ptr, se_s_ptr, bmax_ptr, nblk,
+                  raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
@@ -123,7 +124,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
             stage = tl.full((), DRAW, tl.int32)
             tl.store(st_tkey + row, tkey)
             if topp & ~topk:
-                lo, inv = range_for_top_p(m, t1, p, sum_exp(se_m_ptr, se_s_ptr, parts, m, EXACT_EXP), minp, ncols)
+                lo, inv = range_for_top_p(m, t1, p, block_max_sum(bmax_ptr, row, nblk, m, NBP), minp, ncols)
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
