@@ -271,9 +271,10 @@ class Sampler:
 
     def kernel_lean_rows(self) -> int:
         """Rows sampled by the kernels on this sampler's device so far (every sampler of the
-        device counts here) whose top-p without top-k took the lean third pass: at most 4,096
-        entries from the bracket up, listed by one compare and resolved per row (the fast case;
-        rows keeping more entries take the collect pass). Reads the device (not for hot paths)."""
+        device counts here) whose top-p without top-k took the lean third pass: few entries from
+        the bracket up (at most 2 x KernelConfig.cap, less 1/16: 3,840 by default), listed by one
+        compare and resolved per row (the fast case; rows keeping more entries take the collect
+        pass). Reads the device (not for hot paths)."""
         from .kernels.config import lean_counter
         return 0 if self.device is None else int(lean_counter(self.device).item())
 

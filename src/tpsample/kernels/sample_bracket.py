@@ -264,5 +264,6 @@ def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, ca
     valid = idx < n
     keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
     av, ai = argmax_pair(tl.load(p_best_v + parts), tl.load(p_best_i + parts))
-    return resolve_keys(row, keys, valid, idx, n, target_of(p, p_mass, row, NSPLIT), tl.sum(tl.load(p_cnt + parts), axis=0),
-                        av, ai, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_id, CAP, EXACT_EXP)
+    m_above = tl.sum(tl.load(p_cnt + parts), axis=0)
+    return resolve_keys(row, keys, valid, idx, n, target_of(p, p_mass, row, NSPLIT), m_above, av, ai, m, scale, one,
+                        key0_ptr, key1_ptr, col_offset, cand_id, CAP, EXACT_EXP)

@@ -53,7 +53,8 @@ class Workspace:
                   ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
                   ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
-                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64), ("p_mass", n, i64),
+                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64),
+                  ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
@@ -153,8 +154,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
-           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
-           EXACT_EXP=exact_exp, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
+           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins,
+           num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so

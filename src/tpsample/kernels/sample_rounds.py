@@ -197,5 +197,5 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
     round_body(row, tl.program_id(1), x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
-               st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB, EXACT_EXP,
-               STAGES, NBH, LCAP, LEAN_BLOCK)
+               st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
+               EXACT_EXP, STAGES, NBH, LCAP, LEAN_BLOCK)

@@ -91,7 +91,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, EXACT_EXP: tl.constexpr, NBH: tl.constexpr):
+                  NB: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
