@@ -395,3 +395,41 @@ def test_ops_direct_route_gives_the_table_route_tokens_on_the_gpu():
     table = ops.sample(x, logprobs=1, **kw)
     assert torch.equal(direct.token_ids, table.token_ids)
     assert torch.equal(direct.num_nans, table.num_nans) and torch.equal(direct.fallback, table.fallback)
+
+
+@pytest.mark.gpu
+def test_ops_launch_list_replays_give_the_eager_results_on_the_gpu(monkeypatch):
+    """Repeated calls of one shape replay the first call's launches with integer pointers: over
+    new logits and parameter tensors each call, the tokens, guard flags and raw logprobs of the
+    same call launched normally (no launch list), at full vocabulary."""
+    from tpsample.ops import direct
+    dev = torch.device("cuda")
+    rows, vocab = 64, 151936
+    monkeypatch.setattr(direct, "_SITES", {})
+
+    def inputs(step):
+        g = torch.Generator(device=dev).manual_seed(step)
+        x = torch.randn(rows, vocab, device=dev, generator=g) * 3
+        x[3, ::5] = float("nan")
+        kw = {"temperature": torch.linspace(0, 1.5, rows, device=dev),
+              "top_k": torch.tensor([0, 50, -1, 0] * (rows // 4), device=dev),
+              "top_p": torch.tensor([1.0, 0.9, 0.95, 0.8] * (rows // 4), device=dev),
+              "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0] * (rows // 4), device=dev),
+              "seeds": torch.arange(rows, device=dev) * 3, "positions": torch.full((rows,), 9 + step, device=dev)}
+        return x, kw
+
+    for lp in (None, 4):
+        for step in range(4):
+            x, kw = inputs(step)
+            got = ops.sample(x, logprobs=lp, **kw)
+            with monkeypatch.context() as m:
+                m.setattr(direct, "RECORD_TRIES", 0)
+                m.setattr(direct, "_SITES", {})
+                want = ops.sample(x.clone(), logprobs=lp, **{k: v.clone() for k, v in kw.items()})
+            assert torch.equal(got.token_ids, want.token_ids) and torch.equal(got.fallback, want.fallback), (lp, step)
+            assert torch.equal(got.num_nans, want.num_nans)
+            if lp is not None:
+                for name in ("token_ids", "logprobs", "ranks"):
+                    assert torch.equal(getattr(got.logprobs, name), getattr(want.logprobs, name)), (lp, step, name)
+    lists = [v for v in direct._SITES.values() if not isinstance(v, int)]
+    assert len(lists) == 2

@@ -98,16 +98,17 @@ def test_a_replay_is_its_launches_and_a_bounded_number_of_python_calls(kernels_o
     batch (every filter, raw logprobs) is 13 launches and 107 Python calls in all (measured when
     this test was written; the eager step makes about 400), bounded at 120."""
     from tpsample import tape
+    from tpsample.kernels import relaunch
     s = sampler()
     ids = list(PARAMS)
     xs = buffers(3, len(ids), 3)
     step = tape.TapedStep(s, s.plan(ids), xs[0])
     launched = []
-    monkeypatch.setattr(tape._Entry, "launch", lambda self, logits, ptr, stream: launched.append(self))
+    monkeypatch.setattr(relaunch._Launch, "launch", lambda self, ptrs, tensors, stream: launched.append(self))
     step.replay(xs[1]).token_lists()
     prof = cProfile.Profile()
     prof.enable()
     step.replay(xs[2]).token_lists()
     prof.disable()
-    assert len(launched) == 2 * len(step._entries) and 0 < len(step._entries) <= 13
+    assert len(launched) == 2 * len(step._launches) and 0 < len(step._launches) <= 13
     assert pstats.Stats(prof).total_calls <= 120

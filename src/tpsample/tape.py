@@ -23,90 +23,13 @@ Never imports `model` or `engine`.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import ReplayGuard, check_capturable, reserve, step_context
-from .kernels import launcher
+from .kernels.relaunch import LaunchList, recorded
 from .parallel.registry import STRATEGIES
 from .sampling.keys import append_kernel
 from .sampling.output import ReplayResults, SamplerOutput
 from .step import run_step
-
-# aten operations that do no device work: views, metadata and allocation
-_NO_WORK = frozenset({
-    "empty", "empty_strided", "empty_like", "as_strided", "view", "_unsafe_view", "select", "slice", "reshape",
-    "_reshape_alias", "detach", "alias", "unsqueeze", "squeeze", "t", "transpose", "expand", "permute", "unbind",
-    "split", "split_with_sizes", "narrow", "unfold", "view_as_real", "view_as_complex", "lift_fresh", "set_",
-    "is_pinned", "_pin_memory", "record_stream",
-})
-
-
-class DeviceWork(TorchDispatchMode):
-    """Notes each aten operation that touches a tensor on `device_type` and is not a view,
-    metadata query or allocation (`found`: their names)."""
-
-    def __init__(self, device_type: str):
-        super().__init__()
-        self.device_type = device_type
-        self.found: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if name not in _NO_WORK and self._touches(args, kwargs, out):
-            self.found.append(name)
-        return out
-
-    def _touches(self, args, kwargs, out) -> bool:
-        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}, out))
-        return any(isinstance(a, torch.Tensor) and a.device.type == self.device_type for a in flat)
-
-
-def _logits_view(arg, logits: torch.Tensor):
-    """Byte offset of `arg` into `logits` when it is a view of its memory, else None."""
-    if not isinstance(arg, torch.Tensor) or arg.device != logits.device:
-        return None
-    if arg.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
-        return None
-    return arg.data_ptr() - logits.data_ptr()
-
-
-class _Entry:
-    """One recorded launch: what it needs to be issued again over other logits."""
-
-    def __init__(self, rec, logits: torch.Tensor):
-        self.launcher, self.compiled, self.grid, self.args, self.constexprs = rec
-        self.slots = []               # (argument position, byte offset, the recorded view)
-        for i, a in enumerate(self.args):
-            off = _logits_view(a, logits)
-            if off is not None:
-                if a.dtype != logits.dtype:
-                    raise ValueError("a kernel of the step reads the logits under another dtype: not replayable")
-                self.slots.append((i, off, a))
-        c = self.compiled
-        self.direct = c is not None and c.run is not None
-        self.ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.args]
-
-    def launch(self, logits: torch.Tensor, ptr: int, stream: int) -> None:
-        if self.direct and launcher._no_hooks():
-            ints = self.ints
-            if self.slots:
-                ints = list(ints)
-                for i, off, _ in self.slots:
-                    ints[i] = ptr + off
-            c = self.compiled
-            c.run(self.grid[0], self.grid[1], self.grid[2], stream, c.function, c.packed, None, None, None,
-                  *ints, *c.rest)
-            return
-        args = list(self.args)
-        for i, off, view in self.slots:
-            args[i] = logits.as_strided(view.shape, view.stride(),
-                                        logits.storage_offset() + off // logits.element_size())
-        if self.compiled is not None:
-            self.launcher._run(self.compiled, self.grid, tuple(args), self.constexprs)
-        else:
-            self.launcher.fn[self.grid](*args, **self.constexprs)
-
 
 class TapedStep:
     """One plan's decode step as a list of launches, replayable over any matching logits buffer."""
@@ -122,19 +45,16 @@ class TapedStep:
         with store.history.full_width():
             warm = STRATEGIES[plan.strategy].sample(logits, plan, ctx)      # compiles kernels, fills caches
             self._results = ReplayResults(warm.block, plan.max_rows, warm.logprobs)
-            check = DeviceWork(dev.type)
-            with launcher.recording() as tape, check:
+            with recorded(dev.type) as (tape, check):
                 res = run_step(logits, plan, ctx, slots_dev, append_kernel(dev))
         # the recording was this call's step (run in full, history appended): it is returned
         # whether or not the launches can be replayed
         self.refused = None
         if check.found:
             self.refused = f"device work outside the kernels ({', '.join(sorted(set(check.found)))})"
-        elif not tape.complete or not tape.entries:
-            self.refused = "a launch that cannot be repeated (a kernel compiled while recording)"
         else:
             try:
-                self._entries = [_Entry(rec, logits) for rec in tape.entries]
+                self._launches = LaunchList(tape, [logits], views=True)
             except ValueError as e:
                 self.refused = str(e)
         if self.refused is not None:
@@ -156,10 +76,7 @@ class TapedStep:
             raise ValueError("logits differ from the recorded step's in shape, strides, dtype, device or alignment")
         self._guard.check()
         self._results.release()
-        ptr = logits.data_ptr()
-        stream = torch._C._cuda_getCurrentRawStream(logits.device.index) if logits.is_cuda else 0
-        for e in self._entries:
-            e.launch(logits, ptr, stream)
+        self._launches.launch([logits])
         return self._finish()
 
     def _finish(self) -> SamplerOutput:

@@ -215,13 +215,17 @@ def _outputs_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, nans_ptr, fb_out
 _OUTPUTS = Launcher(_outputs_kernel)
 
 
-def split_outputs(tokens, valid, x, nans):
+def split_outputs(tokens, valid, x, nans, out=None):
     """(fallback [R] bool, NaN counts [R] int64, zero ranks [R] int64) of full rows sampled by
-    `sample_rows` (nans: its [R, splits] partials), as new tensors: finalize_rows's columns."""
+    `sample_rows` (nans: its [R, splits] partials), as new tensors (or written into `out`):
+    finalize_rows's columns."""
     rows, dev = tokens.shape[0], tokens.device
-    fb = torch.empty(rows, dtype=torch.bool, device=dev)
-    counts = torch.empty(rows, dtype=torch.int64, device=dev)
-    ranks = torch.empty(rows, dtype=torch.int64, device=dev)
+    if out is not None:
+        fb, counts, ranks = out
+    else:
+        fb = torch.empty(rows, dtype=torch.bool, device=dev)
+        counts = torch.empty(rows, dtype=torch.int64, device=dev)
+        ranks = torch.empty(rows, dtype=torch.int64, device=dev)
     if rows:
         _OUTPUTS((rows,), tokens, valid, x, x.stride(0), x.shape[1], nans, fb, counts, ranks, NSPLIT=nans.shape[1])
     return fb, counts, ranks
@@ -275,16 +279,21 @@ def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset
 _RAW_LP = Launcher(_raw_logprobs_kernel)
 
 
-def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int):
-    """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R]).
+def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int,
+                 out=None):
+    """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R])
+    (new tensors, or written into `out`).
 
     Column 0 the sampled token, then the top-n; rows that want no raw logprobs (per the slot
     tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py)."""
     rows, n = top_v.shape
     dev = tokens.device
-    ids = torch.empty((rows, width), dtype=torch.int64, device=dev)
-    vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
-    ranks = torch.empty(rows, dtype=torch.int64, device=dev)
+    if out is not None:
+        ids, vals, ranks = out
+    else:
+        ids = torch.empty((rows, width), dtype=torch.int64, device=dev)
+        vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
+        ranks = torch.empty(rows, dtype=torch.int64, device=dev)
     if rows:
         _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
                 top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,

@@ -11,8 +11,11 @@ Contract:
   strategy or TP. Same code as the Sampler: a `RowTable` stands in for its request store.
 - checks: every argument on the host before any kernel or collective (`ops.args`); all ranks
   must pass the same values (then every rank raises alike and none waits in a collective).
-- TP = 1 (group None or of size 1): one `torch.ops.tpsample.sample` call (traceable by
-  torch.compile, recordable in a CUDA graph). TP > 1: eager, the Sampler's strategies.
+- TP = 1 (group None or of size 1): inside a torch.compile trace one `torch.ops.tpsample.sample`
+  call (an opaque node); eager, that op's body called directly (the same code, without the
+  dispatcher's layers); either records in a CUDA graph. On a kernel device without a bitmask
+  or processed logprobs, repeated calls of one shape replay their launch list (`ops.direct`).
+  TP > 1: eager, the Sampler's strategies.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from ..state.rowbatch import HostRows
 from ..validation import check_draft_probs, check_drafts
 from . import args as A
 from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
-from .impl import host_params
+from .impl import host_params, sample_impl
 from .run import choose, sample_tp
 from .table import RowTable, hints_to_bits
 
@@ -162,8 +165,13 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
     p, host = _row_params(op, rows, logits.device, validate, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seeds=seeds, positions=positions)
     if g.size == 1:
-        out = torch.ops.tpsample.sample(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["seeds"],
-                                        p["positions"], bitmask, lp, processed, _hints(host, vocab))
+        args = (logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["seeds"], p["positions"], bitmask, lp,
+                processed, _hints(host, vocab))
+        if A.tracing():                 # the custom op: one opaque node of the traced graph
+            out = torch.ops.tpsample.sample(*args)
+        else:                           # eager: its body, without the dispatcher's layers (tens of us)
+            with torch.no_grad():
+                out = sample_impl(*args)
         tokens, fallback, nans, ids, vals, ranks = out
         return Sampled(tokens, None if lp < 0 else LogprobsOutput(ids, vals, ranks), nans, fallback)
     table = _host_table(p, host, vocab, lp, processed)

@@ -2,9 +2,9 @@
 
 Contract (arguments already checked by the public wrappers in `ops.api` / `ops.processors`):
 - `sample_impl`: per-row tensors (temperature, top-k, top-p, min-p as given, seeds, positions)
-  -> `run.sample_full`'s six tensors (`run.sample_direct` on a kernel device without a bitmask
-  or logprobs: the same kernels and inputs, launched without the tables). Normalises as the
-  Sampler stores a request, reads the rows' parameters on the host only where the torch
+  -> `run.sample_full`'s six tensors (`direct.sample_direct` on a kernel device without a
+  bitmask or processed logprobs: the same kernels and inputs, launched without the tables).
+  Normalises as the Sampler stores a request, reads the rows' parameters on the host only where the torch
   pipeline decides from them (CPU tensors: free; a device: one copy), else hands the kernels
   the caller's hints (`hints` bits, -1: all on).
 - the processors return a new fp32 `[rows, cols]` copy of the logits (contiguous) with the
@@ -28,7 +28,8 @@ from ..sampling.logprobs import finite_logprobs, row_logprobs
 from ..sampling.reducer import LocalRows
 from ..state.rowbatch import PaddedRows, PenaltyRows
 from .args import normalise
-from .run import kernel_path, needs_host_values, sample_direct, sample_full
+from .direct import sample_direct
+from .run import kernel_path, needs_host_values, sample_full
 from .table import RowTable
 
 
@@ -42,10 +43,8 @@ def host_params(temperature, top_k, top_p, min_p) -> dict:
 def sample_impl(logits, temperature, top_k, top_p, min_p, seeds, positions, bitmask: Optional[torch.Tensor],
                 num_logprobs: int, processed: bool, hints: int):
     dev, vocab = logits.device, logits.shape[1]
-    if bitmask is None and num_logprobs < 0 and kernel_path(logits):
-        return sample_direct(logits, temperature.to(dev, torch.float32), top_k.to(dev, torch.int64),
-                             top_p.to(dev, torch.float32), min_p.to(dev, torch.float32), seeds.to(dev, torch.int64),
-                             positions.to(dev, torch.int64), hints)
+    if bitmask is None and not (processed and num_logprobs >= 0) and kernel_path(logits):
+        return sample_direct(logits, (temperature, top_k, top_p, min_p, seeds, positions), hints, num_logprobs)
     t = temperature.to(dev, torch.float32)
     k, p, m = normalise(t, top_k.to(dev, torch.int64), top_p.to(dev, torch.float32), min_p.to(dev, torch.float32),
                         vocab)

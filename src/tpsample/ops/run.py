@@ -10,9 +10,6 @@
   to their owners in one all-to-all, vocab_parallel runs the round pipeline on the shards.
   Every rank gets the same result, equal bitwise to TP = 1. Rows that verify drafts come from
   the plan (`drafts`), as in `Sampler.plan`.
-- `sample_direct(x, ...)`: full rows on a kernel device without a bitmask or logprobs: the same
-  kernels with the same inputs as `sample_full`, launched straight from the per-row tensors
-  (one prepare launch, the sampling launches, one output launch): no tables, no row batch.
 - `choose(strategy, tp, rows, device)`: what "auto" means here (see `choose`).
 - `needs_host_values(x, table)`: whether the torch pipeline will decide from the rows' host
   parameters (the caller then reads device tensors once; the kernels need only their hints).
@@ -31,11 +28,10 @@ from ..parallel.plan import build_plan
 from ..parallel.registry import STRATEGIES
 from ..parallel.shard import vocab_shard
 from ..kernels.config import kernels_wanted
-from ..noise import SALT_DRAW
 from ..sampling.reducer import LocalRows
 from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch
-from .table import RowTable, hints_from_bits, identity_view
+from .table import RowTable, identity_view
 
 
 def choose(strategy: str, tp: int, rows: int, device: torch.device) -> str:
@@ -76,25 +72,6 @@ def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor
         ranks = torch.zeros(n, dtype=torch.int64, device=dev)
     return (res.emitted.to(torch.int64).clone(), res.fallback.to(torch.bool).clone(),
             res.num_nans.to(torch.int64).clone(), ids.clone(), vals.clone(), ranks.clone())
-
-
-def sample_direct(x: torch.Tensor, temperature, top_k, top_p, min_p, seeds, positions, hints: int):
-    """`sample_full`'s six tensors (no logprobs) for full rows on a kernel device (`kernel_path`);
-    parameters as `[R]` fp32 (T, top-p, min-p) and int64 (top-k, seeds, positions) tensors on x's
-    device, not yet normalised."""
-    from ..kernels.dispatch import sample_rows
-    from ..kernels.launcher import stream_scratch
-    from ..kernels.step_ops import prepare_given, row_buffers, split_outputs
-    n, dev = x.shape[0], x.device
-    bufs, valid = stream_scratch(dev, ("ops_rows", n), lambda: (row_buffers(n, dev),
-                                                                 torch.empty(n, dtype=torch.bool, device=dev)))
-    params = prepare_given(temperature, top_k, top_p, min_p, seeds, positions, x.shape[1], SALT_DRAW, out=bufs)
-    tokens = torch.empty(n, dtype=torch.int64, device=dev)
-    tokens, valid, nans = sample_rows(x, *params, hints=hints_from_bits(hints), nans_out="partials",
-                                      out=(tokens, valid))
-    fallback, counts, ranks = split_outputs(tokens, valid, x, nans)
-    return (tokens, fallback, counts, torch.empty((n, 0), dtype=torch.int64, device=dev),
-            torch.empty((n, 0), dtype=torch.float32, device=dev), ranks)
 
 
 def sample_tp(x: torch.Tensor, table: RowTable, strategy: str, comm: Collectives, vocab_size: int, *,

@@ -1,0 +1,114 @@
+"""The ops' kernel route: `sample` over full rows on a kernel device without a bitmask, launched
+straight from the per-row tensors, and after a site's first call from its launch list.
+
+Contract:
+- `sample_direct(x, params, hints, num_logprobs)`: `run.sample_full`'s six tensors for full rows
+  on a kernel device (`run.kernel_path`) with no bitmask and raw logprobs or none. params: the
+  six per-row tensors (T, top-k, top-p, min-p, seeds, positions) in any dtype and layout, not
+  yet normalised. The same kernels and inputs as the Sampler's kernel path: one launch that
+  normalises the parameters and keys the noise, the sampling launches, with logprobs the
+  statistics pass and the kernel laying the rows out, and one launch for the outputs.
+- Launch lists: the first call of a *site* (x's shape, strides, dtype and 16-byte alignment,
+  each parameter's alignment, the hints, the logprob count, the device and stream) launches
+  normally while recorded; later calls of that site issue the recorded launches with the new
+  tensors' pointers (`kernels.relaunch`): the same kernels with the same arguments, so the same
+  results bit for bit, without Triton binding each argument (most of an eager call's host
+  time). A recording that did device work outside the kernels (a first call also creates
+  caches) or compiled a kernel is not kept: the site records again on its next call, and
+  after RECORD_TRIES such recordings launches normally for good. A call whose inputs share a
+  pointer is never recorded (a launch list maps each pointer to one role), but replays a list
+  recorded from distinct inputs. Outputs are new tensors on every call; intermediates live in
+  buffers kept per site (`stream_scratch`, and the launch list's own references).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.launcher import stream_scratch
+from ..noise import SALT_DRAW
+from .table import hints_from_bits
+
+MAX_SITES = 32
+RECORD_TRIES = 3        # recordings of a site before it launches normally for good
+_SITES: dict = {}       # site -> LaunchList, or the number of recordings that could not be replayed
+_LP_COLUMNS = {"NUM_LP": 0, "PROCESSED": 1}     # rows of `_lp_rows`'s table
+_DTYPES = (torch.float32, torch.int64, torch.float32, torch.float32, torch.int64, torch.int64)
+
+
+def given(params, dev) -> tuple:
+    """The six parameters as contiguous [R] fp32 (T, top-p, min-p) / int64 tensors on dev."""
+    return tuple(v.to(dev, dt).contiguous() for v, dt in zip(params, _DTYPES))
+
+
+def _outputs(n: int, width: int, dev) -> tuple:
+    i64 = torch.int64
+    return (torch.empty(n, dtype=i64, device=dev), torch.empty(n, dtype=torch.bool, device=dev),
+            torch.empty(n, dtype=i64, device=dev), torch.empty((n, width), dtype=i64, device=dev),
+            torch.empty((n, width), dtype=torch.float32, device=dev), torch.empty(n, dtype=i64, device=dev))
+
+
+def _lp_table(lp: int, dev) -> torch.Tensor:
+    t = torch.zeros((2, 1), dtype=torch.int64, device=dev)     # fills, no copy: allowed in a graph capture
+    t[0] = lp
+    return t
+
+
+def _lp_rows(n: int, lp: int, dev) -> tuple:
+    """(table [2, 1] int64 = (lp, raw), slots [R] zeros): every row wants lp raw logprobs."""
+    return stream_scratch(dev, ("ops_lp", n, lp), lambda: (_lp_table(lp, dev),
+                                                           torch.zeros(n, dtype=torch.int64, device=dev)))
+
+
+def _launch(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows) -> None:
+    """The route's launches, writing into `outs` (`_outputs`)."""
+    from ..kernels import step_ops
+    from ..kernels.dispatch import sample_rows, token_logprob_stats
+    n, dev = x.shape[0], x.device
+    bufs, valid = stream_scratch(dev, ("ops_rows", n), lambda: (step_ops.row_buffers(n, dev),
+                                                                 torch.empty(n, dtype=torch.bool, device=dev)))
+    rows = step_ops.prepare_given(*params, x.shape[1], SALT_DRAW, out=bufs)
+    tokens, fallback, counts, ids, vals, ranks = outs
+    _, valid, nans = sample_rows(x, *rows, hints=hints_from_bits(hints), nans_out="partials", out=(tokens, valid))
+    step_ops.split_outputs(tokens, valid, x, nans, out=(fallback, counts, ranks))
+    if lp >= 0:
+        lse, top_v, top_i, above = token_logprob_stats(x, None, lp, tokens=tokens)
+        step_ops.raw_logprobs(tokens, x, 0, lse, top_v, top_i, above, lp_rows[0], lp_rows[1], _LP_COLUMNS, lp + 1,
+                              out=(ids, vals, ranks))
+
+
+def _record(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows):
+    """Launch while recording: the LaunchList, or None when it cannot be replayed."""
+    from ..kernels.relaunch import LaunchList, recorded
+    with recorded(x.device.type) as (tape, work):
+        _launch(x, params, hints, lp, outs, lp_rows)
+    if work.found:
+        return None
+    try:
+        return LaunchList(tape, [x, *params, *outs])
+    except ValueError:
+        return None
+
+
+def sample_direct(x: torch.Tensor, params, hints: int, num_logprobs: int = -1) -> tuple:
+    """(tokens [R] int64, fallback [R] bool, num_nans [R] int64, lp_ids [R, W] int64,
+    lp_vals [R, W] fp32, lp_ranks [R] int64), W = num_logprobs + 1 (0 without logprobs)."""
+    n, dev = x.shape[0], x.device
+    params = given(params, dev)
+    lp = num_logprobs
+    outs = _outputs(n, lp + 1 if lp >= 0 else 0, dev)
+    if n == 0:
+        return outs
+    lp_rows = _lp_rows(n, lp, dev) if lp >= 0 else None
+    ptrs = [t.data_ptr() for t in (x, *params)]
+    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
+    site = (tuple(x.shape), x.stride(), x.dtype, dev, stream, hints, lp, tuple(p & 15 == 0 for p in ptrs))
+    got = _SITES.get(site, 0)
+    if not isinstance(got, int):
+        got.launch([x, *params, *outs])
+    elif got >= RECORD_TRIES or len(set(ptrs)) < len(ptrs):     # shared inputs: roles not recordable
+        _launch(x, params, hints, lp, outs, lp_rows)
+    else:
+        if site not in _SITES and len(_SITES) >= MAX_SITES:
+            _SITES.pop(next(iter(_SITES)))
+        _SITES[site] = _record(x, params, hints, lp, outs, lp_rows) or got + 1
+    return outs
