@@ -28,6 +28,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def raw_stream(dev: torch.device) -> int:
+    """The current stream of `dev` as its raw handle (0 off CUDA); torch.cuda.current_stream
+    builds a Python object."""
+    if dev.type != "cuda":
+        return 0
+    return torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 _SCRATCH: dict = {}
 SCRATCH_SIZE = 16
 
@@ -37,11 +45,7 @@ def stream_scratch(dev: torch.device, key: tuple, make):
     the current stream of `dev` (`make()` builds them the first time; at most SCRATCH_SIZE sets
     are kept). Kernels on one stream run in order, so a call's scratch is never overwritten while
     an earlier call still reads it; never return scratch to a caller that may keep it."""
-    if dev.type == "cuda":    # the raw stream id (torch.cuda.current_stream builds a Python object)
-        stream = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
-    else:
-        stream = 0
-    full = (str(dev), stream, key)
+    full = (str(dev), raw_stream(dev), key)
     got = _SCRATCH.get(full)
     if got is None:
         if len(_SCRATCH) >= SCRATCH_SIZE:

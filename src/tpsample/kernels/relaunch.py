@@ -133,7 +133,6 @@ class LaunchList:
 
     def launch(self, tensors) -> None:
         ptrs = [t.data_ptr() for t in tensors]
-        dev = tensors[0].device
-        stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
+        stream = launcher.raw_stream(tensors[0].device)
         for one in self.launches:
             one.launch(ptrs, tensors, stream)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.launcher import stream_scratch
+from ..kernels.launcher import raw_stream, stream_scratch
 from ..noise import SALT_DRAW
 from .table import hints_from_bits
 
@@ -100,8 +100,7 @@ def sample_direct(x: torch.Tensor, params, hints: int, num_logprobs: int = -1) -
         return outs
     lp_rows = _lp_rows(n, lp, dev) if lp >= 0 else None
     ptrs = [t.data_ptr() for t in (x, *params)]
-    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
-    site = (tuple(x.shape), x.stride(), x.dtype, dev, stream, hints, lp, tuple(p & 15 == 0 for p in ptrs))
+    site = (tuple(x.shape), x.stride(), x.dtype, dev, raw_stream(dev), hints, lp, tuple(p & 15 == 0 for p in ptrs))
     got = _SITES.get(site, 0)
     if not isinstance(got, int):
         got.launch([x, *params, *outs])

@@ -4,9 +4,9 @@ Contract (arguments already checked by the public wrappers in `ops.api` / `ops.p
 - `sample_impl`: per-row tensors (temperature, top-k, top-p, min-p as given, seeds, positions)
   -> `run.sample_full`'s six tensors (`direct.sample_direct` on a kernel device without a
   bitmask or processed logprobs: the same kernels and inputs, launched without the tables).
-  Normalises as the Sampler stores a request, reads the rows' parameters on the host only where the torch
-  pipeline decides from them (CPU tensors: free; a device: one copy), else hands the kernels
-  the caller's hints (`hints` bits, -1: all on).
+  Normalises as the Sampler stores a request, reads the rows' parameters on the host only
+  where the torch pipeline decides from them (CPU tensors: free; a device: one copy), else
+  hands the kernels the caller's hints (`hints` bits, -1: all on).
 - the processors return a new fp32 `[rows, cols]` copy of the logits (contiguous) with the
   Sampler's processor applied (`sampling.processors`), columns `[col_start, col_start + cols)`
   of the vocabulary: a full row (0) or a TP shard. Nothing is communicated.
