@@ -3,7 +3,8 @@
 For each case and size and each variant that applies to it: the device time of the sampling
 kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
 point are left out) and of each kernel, with a check that every variant gives the default's
-tokens, and how many rows took the lean top-p pass or fell back to the exact search.
+tokens, and how many rows took the lean top-p pass (of them, how many the hist pass had already
+listed) or fell back to the exact search.
     [CASES=topp,minp] [SKIP=b1024,p64] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
@@ -13,7 +14,7 @@ import sys
 import torch
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter
+from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter, prelisted_counter
 from tpsample.kernels.dispatch import sample_rows
 
 CASES = {   # temperature, top_k, top_p, min_p
@@ -30,6 +31,7 @@ P = {"topp", "topp_minp", "topp95"}
 VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
+    "no_prelist": (KernelConfig(lean_prelist=False), P),
     "lb1024": (KernelConfig(lean_block=1024), P),
     "hskip": (KernelConfig(hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
@@ -88,11 +90,12 @@ def main():
             for name, (cfg, cases) in VARIANTS.items():
                 if (cases is not None and case not in cases) or name in SKIP:
                     continue
-                l0, f0 = int(lean_counter("cuda").item()), int(fallback_counter("cuda").item())
+                counters = (lean_counter("cuda"), prelisted_counter("cuda"), fallback_counter("cuda"))
+                before = [int(c.item()) for c in counters]
                 got = sample_rows(*a, cfg=cfg)[0]
-                paths = int(lean_counter("cuda").item()) - l0, int(fallback_counter("cuda").item()) - f0
+                paths = tuple(int(c.item()) - b for c, b in zip(counters, before))
                 kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))
-                kernels[name]["lean_rows, fallback_rows"] = paths
+                kernels[name]["lean_rows, prelisted_rows, fallback_rows"] = paths
                 line[name] = (round(sum(v for v in kernels[name].values() if isinstance(v, float)), 1),
                               bool(torch.equal(got, want)))
             best = min(line, key=lambda n: line[n][0])

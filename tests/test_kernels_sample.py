@@ -206,6 +206,25 @@ def test_a_lean_row_beside_every_other_kind_of_row_keeps_its_exact_token():
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_tokens(kind):
+    """With `lean_prelist` the hist pass also lists the columns above a bound guessed from the
+    block maxima; a lean row whose list holds its own bound's and did not overflow is resolved
+    from that list (counted in `prelisted_counter`): exact tokens, the same lean and fallback
+    counts as without the list, and no row counted when the list is off."""
+    from tpsample.kernels.config import prelisted_counter
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 3)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    listed = prelisted_counter(torch.device(DEV))
+    counts = {}
+    for cfg in (DEFAULT, KernelConfig(lean_prelist=False), KernelConfig(splits=4, block=64, scan_cols=64)):
+        before = int(listed.item())
+        counts[cfg] = (_leans_and_fallbacks(x, TOP_P_ALONE, cfg), int(listed.item()) - before)
+    (on, n_on), (off, n_off), (split, n_split) = counts.values()
+    assert on == off == split == (len(TOP_P_ALONE), 0)
+    assert n_on >= 2 and n_split >= 2 and n_off == 0
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
     """With no entry collected beyond the bracket (bracket_all=0) and the lean pass off, the kept
     entries above it are drawn and massed by the collect pass itself: exact tokens, and still no

@@ -37,6 +37,7 @@ class KernelConfig:
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
+    lean_prelist: bool = True  # top-p alone: the hist pass already lists a guessed upper set (sample_lean.py)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
@@ -60,7 +61,7 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("lean", "hist_skip"):
+        for name in ("lean", "lean_prelist", "hist_skip"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
@@ -117,6 +118,15 @@ def lean_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far that the lean
     top-p pass resolved (kernels/sample_lean.py). A device tensor: read it off the hot path."""
     return _device_counter(_LEANS, dev)
+
+
+_PRELISTED: dict = {}
+
+
+def prelisted_counter(dev) -> torch.Tensor:
+    """[1] int32 on `dev`: the lean rows whose column list the hist pass had already made, so that
+    they skipped the lean pass (kernels/sample_lean.py). A device tensor: read it off the hot path."""
+    return _device_counter(_PRELISTED, dev)
 
 
 def interpreting() -> bool:

@@ -34,8 +34,10 @@ from .rng_triton import gumbel_from_bits, uniform_bits
 from .sample_scan import fp32_nonan, may_win
 from .sample_state import (
     BRACKET,
+    CN,
     DONE,
     LEAN,
+    LISTED,
     append_candidates,
     draw_candidates,
     start_search,
@@ -116,12 +118,23 @@ def target_of(p, p_mass, row, NSPLIT: tl.constexpr):
     return p.to(tl.float64) * S.to(tl.float64)
 
 
+@triton.jit
+def list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP: tl.constexpr):
+    """Append the columns of x >= xf (NaN compares false) to the row's id list, one atomic per
+    listed entry (order does not matter); past LCAP counted, not stored."""
+    sel = xr.to(tl.float32) >= xf
+    pos = tl.atomic_add(cand_n + row * CN + cols * 0, 1, mask=sel, sem="relaxed")     # read after the kernel
+    tl.store(ids_ptr + row.to(tl.int64) * LCAP + pos, cols, mask=sel & (pos < LCAP))
+
+
 @triton.jit(do_not_specialize=["col_offset"])
 def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
-                p_mass, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
-                EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr):
+                p_mass, st_xf, ids_ptr, cand_n, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LCAP: tl.constexpr):
     """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
-    test per block whether any entry is in range before the atomics (else masked atomics)."""
+    test per block whether any entry is in range before the atomics (else masked atomics).
+    LCAP > 0: also the lean pass's list for the select kernel's guessed bound st_xf (NaN: none;
+    see `sample_lean.prelist`)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         part = row * NSPLIT + tl.program_id(1)
@@ -134,12 +147,16 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
         inv = tl.load(st_hinv + row)
         t_lo = key_to_float(tl.load(st_tkey + row))
         hrow = hist_ptr + row.to(tl.int64) * NBH
+        if LCAP > 0:
+            xf = tl.load(st_xf + row)
         s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
         offs = tl.arange(0, BLOCK)
         xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
         for s in range(start, end, BLOCK):
             cols = s + offs
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+            if LCAP > 0:
+                list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP)
             l = div_t(fp32_nonan(xr), t)
             xr = xr_next
             s_lane += tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0)
@@ -155,26 +172,37 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
 @triton.jit
 def lean_bound(lo, inv, first, m, t, NBH: tl.constexpr):
     """(L, xf) for a LEAN row: L <= every l of bin `first` (the bracket's own lower edge, less its
-    margin); xf = L * T less 2**-20 relative and 1e-30: x < xf gives x / T below L by more than
-    div_rn's half ulp, so no entry with l >= L is missed (a few just below L may be listed; the
-    finish drops them)."""
+    margin); xf = `x_bound(L, T)`, so no entry with l >= L is missed (a few just below L may be
+    listed; the finish drops them)."""
     w = 1.0 / (inv * NBH)
     tol = 4e-7 * tl.maximum(tl.abs(m), tl.abs(lo)) + 1e-30
     L = tl.maximum(lo + (first.to(tl.float32) - 0.01) * w - tol, lo)
+    return L, x_bound(L, t)
+
+
+@triton.jit
+def x_bound(L, t):
+    """xf with div_rn(x, T) >= L  =>  x >= xf: L * T less 2**-20 relative and 1e-30 (x < xf gives
+    x / T below L by more than div_rn's half ulp)."""
     y = L * t
-    return L, y - (tl.abs(y) * 9.5367431640625e-07 + 1e-30)
+    return y - (tl.abs(y) * 9.5367431640625e-07 + 1e-30)
 
 
 @triton.jit
 def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
-                   st_count, st_lean_l, st_xf, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr,
-                   CAP: tl.constexpr, LCAP: tl.constexpr):
+                   st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT: tl.constexpr, ALL: tl.constexpr,
+                   NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr):
     """The bracket of each BRACKET row, once (the collect programs and the finish read it). With
     LCAP > 0, a row whose entries from the bracket's first bin up fit LCAP (less 1/16 for the
     few that the x bound lets in below L) and whose candidates fit CAP becomes LEAN
-    (sample_lean.py)."""
+    (sample_lean.py); LISTED instead (counted in `prelisted`) when PRELIST and the hist pass's
+    list {x >= its bound} holds every x >= the row's xf and did not overflow. Every other
+    BRACKET row's candidate counter is zeroed for its third pass."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
+        n_pre = tl.load(cand_n + row * CN)
+        xf_pre = tl.load(st_xf + row)
+        tl.debug_barrier()      # read before any warp rewrites them
         lo = tl.load(st_hlo + row)
         inv = tl.load(st_hinv + row)
         m = tl.load(st_m + row)
@@ -183,11 +211,19 @@ def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_pt
         tl.store(st_first + row, first)
         tl.store(st_last + row, last)
         tl.store(st_count + row, count)
+        stage = tl.full((), BRACKET, tl.int32)
         if (LCAP > 0) & (upward <= LCAP - LCAP // 16) & (count <= CAP):
             L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
             tl.store(st_lean_l + row, L)
             tl.store(st_xf + row, xf)
-            tl.store(st_stage + row, LEAN)
+            stage = tl.full((), LEAN, tl.int32)
+            if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
+                if (xf_pre <= xf) & (n_pre <= LCAP):      # {x >= xf_pre} holds {x >= xf}
+                    stage = tl.full((), LISTED, tl.int32)
+                    tl.atomic_add(prelisted, 1)
+            tl.store(st_stage + row, stage)
+        if stage != LISTED:
+            tl.store(cand_n + row * CN, 0)
 
 
 @triton.jit

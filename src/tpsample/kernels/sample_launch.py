@@ -24,6 +24,7 @@ from .config import (
     fallback_counter,
     lean_counter,
     num_splits,
+    prelisted_counter,
 )
 from .launcher import Launcher, stream_scratch
 from .sample_bracket import bracket_kernel, hist_kernel
@@ -79,6 +80,18 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
     if cfg.block_max_cols is not None:
         return cfg.block_max_cols
     return min(128, max(16, _pow2(math.ceil(cols / 2048))))
+
+
+@functools.lru_cache(maxsize=64)
+def prelist_blocks(nblk: int, cfg: KernelConfig) -> int:
+    """k of the block maximum that bounds the hist pass's guessed list (0: no list). Were the row's
+    values exchangeable, n entries above a bound would leave about nblk * (1 - exp(-n / nblk))
+    blocks with a maximum above it; k is that count for n = 3/4 of the list's room, so the list
+    usually fits and holds the kept set whenever the lean pass could (docs/benchmarks.md)."""
+    if not (cfg.lean and cfg.lean_prelist):
+        return 0
+    room = 0.75 * 2 * cfg.cap
+    return max(1, min(nblk, round(nblk * -math.expm1(-room / nblk))))
 
 
 def workspace_for(rows, splits, nblk, cfg, dev) -> Workspace:
@@ -153,8 +166,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
          num_warps=cfg.scan_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
-           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist,
-           NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins,
+           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
+           prelist_blocks(nblk, cfg), NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins,
            num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
@@ -166,11 +179,14 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         lcap = 2 * cfg.cap if cfg.lean else 0        # a LEAN row's column list, in cand_key's bytes
         if hints.any_top_p_alone:
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
-                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.hist_block or cfg.block,
-                    NBH=cfg.hist_bins, EXACT_EXP=exact_exp, HIST_SKIP=cfg.hist_skip, num_warps=cfg.hist_warps or nw)
+                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, NSPLIT=splits, CHUNK=chunk,
+                    BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
+                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if cfg.lean_prelist else 0,
+                    num_warps=cfg.hist_warps or nw)
             BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
-                       ws.blast, ws.bcount, ws.lean_l, ws.xf, NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap),
-                       NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap, num_warps=cfg.row_warps)
+                       ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,
+                       ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap,
+                       PRELIST=cfg.lean_prelist and lcap > 0, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

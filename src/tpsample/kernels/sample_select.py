@@ -12,7 +12,7 @@ their value range, and a zeroed histogram. Rows with min-p alone go straight to 
 import triton
 import triton.language as tl
 
-from .sample_bracket import range_for_top_p
+from .sample_bracket import range_for_top_p, x_bound
 from .sample_scan import fp32_nonan, row_flags
 from .sample_state import (
     BRACKET,
@@ -73,6 +73,14 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 
 
 @triton.jit
+def prelist_bound(bmax_ptr, row, nblk, pre_k, lo, t, NBP: tl.constexpr):
+    """The x bound of the hist pass's guessed list for a top-p row (sample_lean.py): that of the
+    pre_k-th largest block maximum, or of lo when higher; NaN (nothing listed) when pre_k is 0."""
+    tau = tl.maximum(kth_block_max(bmax_ptr, row, nblk, tl.maximum(pre_k, 1), NBP), lo)
+    return tl.where(pre_k > 0, x_bound(tau, t), float("nan"))
+
+
+@triton.jit
 def raw_argmax(xrow, ncols):
     """First argmax of one row of x (NaN as -inf), one program: only for the guard's rare rows."""
     best_v = tl.full((), NEG_INF, tl.float32)
@@ -89,7 +97,7 @@ def raw_argmax(xrow, ncols):
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, pre_k,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr, NBH: tl.constexpr):
     row = tl.program_id(0)
@@ -128,6 +136,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
+                tl.store(st_xf + row, prelist_bound(bmax_ptr, row, nblk, pre_k, lo, tl.load(t_ptr + row), NBP))
                 stage = tl.full((), BRACKET, tl.int32)
             elif topk:
                 tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)
