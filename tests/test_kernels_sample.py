@@ -205,23 +205,31 @@ def test_a_lean_row_beside_every_other_kind_of_row_keeps_its_exact_token():
     assert _leans_and_fallbacks(x, CONFIGS, DEFAULT) == (alone, 0)
 
 
+TOP_P_MIN_P = [(0.8, 0, 0.9, 0.05), (0.9, 0, 0.9, 0.02), (1.3, 0, 0.5, 0.1), (0.7, 0, 0.95, 0.01),
+               (1.0, 0, 0.999, 0.2)]
+
+
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_tokens(kind):
-    """With `lean_prelist` the hist pass also lists the columns above a bound guessed from the
-    block maxima; a lean row whose list holds its own bound's and did not overflow is resolved
-    from that list (counted in `prelisted_counter`): exact tokens, the same lean and fallback
-    counts as without the list, and no row counted when the list is off."""
+    """With `lean_prelist` the hist pass also lists, for top-p rows with min-p, the columns above
+    a bound guessed from the block maxima; a lean row whose list holds its own bound's and did
+    not overflow is resolved from that list (counted in `prelisted_counter`): exact tokens, the
+    same lean and fallback counts as without the list, no row counted when the list is off, and
+    none for top-p rows without min-p."""
     from tpsample.kernels.config import prelisted_counter
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 3)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    rows = TOP_P_MIN_P + [(0.8, 0, 0.9, 0.0)]
+    x = logits(kind, len(rows), 1500, gen)
     listed = prelisted_counter(torch.device(DEV))
-    counts = {}
-    for cfg in (DEFAULT, KernelConfig(lean_prelist=False), KernelConfig(splits=4, block=64, scan_cols=64)):
+    counts = []
+    for batch, cfg in ((rows, DEFAULT), (rows, KernelConfig(lean_prelist=False)),
+                       (rows, KernelConfig(splits=4, block=64, scan_cols=64)), (rows[-1:] * 4, DEFAULT)):
         before = int(listed.item())
-        counts[cfg] = (_leans_and_fallbacks(x, TOP_P_ALONE, cfg), int(listed.item()) - before)
-    (on, n_on), (off, n_off), (split, n_split) = counts.values()
-    assert on == off == split == (len(TOP_P_ALONE), 0)
+        counts.append((_leans_and_fallbacks(x[:len(batch)], batch, cfg), int(listed.item()) - before))
+    (on, n_on), (off, n_off), (split, n_split), (alone, n_alone) = counts
+    assert on == off == split == (len(rows), 0)
     assert n_on >= 2 and n_split >= 2 and n_off == 0
+    assert alone == (4, 0) and n_alone == 0
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
@@ -252,3 +260,25 @@ def test_full_size_batch_matches_reference_on_gpu():
     rows = [CONFIGS[i % len(CONFIGS)] for i in range(32)]
     tokens, valid = check(x, rows)
     assert bool(valid.all()) and len(set(tokens.tolist())) > 1      # real draws, not guard fallbacks
+
+
+@pytest.mark.parametrize("rows", [[GREEDY], [TEMPERATURE, GREEDY], [(0.8, 50, 0.9, 0.0)], [(0.8, 0, 1.0, 0.05)],
+                                  [(0.8, 0, 0.9, 0.0)], [(0.8, 0, 0.9, 0.05), GREEDY], [(0.8, 40, 0.9, 0.05)],
+                                  CONFIGS], ids=lambda r: str(len(r)) + "_rows_" + str(r[0]))
+def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_parameters(rows):
+    """The kernels' hints from host-side parameters (the Sampler's, the ops') and from the
+    parameter tensors agree field by field, and the top-p-with-min-p hint is set exactly when
+    a row has top-p and min-p without top-k."""
+    import numpy as np
+
+    from tpsample.kernels.dispatch import hints_from_params
+    from tpsample.sampling.fastpath import hints_from_host
+    from tpsample.state.rowbatch import HostRows
+    t, k, p, lmp = params(rows)
+    n = len(rows)
+    host = HostRows(t.numpy(), k.numpy().astype(np.int64), p.numpy(), np.array([r[3] for r in rows], np.float32),
+                    np.full(n, -1), np.zeros(n, bool), np.zeros(n, bool))
+    from_host, from_params = hints_from_host(host, 1000), hints_from_params(t, k, p, lmp, 1000)
+    assert from_host == from_params
+    assert from_host.any_top_p_min_p == any(r[0] > 0 and r[1] == 0 and r[2] < 1 and r[3] > 0 for r in rows)
+    assert from_host.any_top_p_alone == any(r[0] > 0 and r[1] == 0 and r[2] < 1 for r in rows)

@@ -37,7 +37,7 @@ class KernelConfig:
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
-    lean_prelist: bool = True  # top-p alone: the hist pass already lists a guessed upper set (sample_lean.py)
+    lean_prelist: bool = True  # top-p + min-p, no top-k: the hist pass makes the lean list (sample_lean.py)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
@@ -124,8 +124,9 @@ _PRELISTED: dict = {}
 
 
 def prelisted_counter(dev) -> torch.Tensor:
-    """[1] int32 on `dev`: the lean rows whose column list the hist pass had already made, so that
-    they skipped the lean pass (kernels/sample_lean.py). A device tensor: read it off the hot path."""
+    """[1] int32 on `dev`: the lean rows whose column list the hist pass had already made (top-p
+    with min-p), so that they skipped the lean pass (kernels/sample_lean.py). A device tensor:
+    read it off the hot path."""
     return _device_counter(_PRELISTED, dev)
 
 
@@ -192,13 +193,16 @@ class RowHints:
     """What the batch holds, known on the host (so the call needs no device sync and compiles
     only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
     top-p (which may need several rounds), greedy rows, plain rows (temperature only), rows with
-    top-p and no top-k (the bracket pass).
-    A hint may be True when no such row exists (slower), never False when one does."""
+    top-p and no top-k (the bracket pass), and of those, rows with min-p (the hist pass's guessed
+    list, `KernelConfig.lean_prelist`).
+    A hint may be True when no such row exists (slower), never False when one does; the last
+    only chooses work, so a False one there costs speed, never exactness."""
     any_filter: bool = True
     any_top_k_or_p: bool = True
     any_greedy: bool = True
     any_plain: bool = True
     any_top_p_alone: bool = True
+    any_top_p_min_p: bool = True
 
     def __post_init__(self):
         _cache_hash(self)

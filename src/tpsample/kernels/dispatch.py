@@ -51,7 +51,8 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
     kp = sampled & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1))
     filt = kp | (sampled & (log_min_p > float("-inf")))
     p_alone = sampled & (top_p < 1) & ~((top_k > 0) & (top_k < vocab_size))
-    flags = torch.stack([filt.any(), kp.any(), (~sampled).any(), (sampled & ~filt).any(), p_alone.any()]).tolist()
+    flags = torch.stack([filt.any(), kp.any(), (~sampled).any(), (sampled & ~filt).any(), p_alone.any(),
+                         (p_alone & (log_min_p > float("-inf"))).any()]).tolist()
     return RowHints(*(bool(f) for f in flags))
 
 

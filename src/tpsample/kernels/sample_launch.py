@@ -1,9 +1,10 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k], one round [round_kernel
-(rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p, drain_kernel
-(rows), which finishes the rows the round left searching (one program per row).
+(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k; with
+min-p too, the hist pass also makes the lean pass's list (`sample_lean`)], one round
+[round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
+drain_kernel (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
 The workspace is O(rows x (V / BB + CAP)) bytes, one allocation per call (the caching
 allocator reuses it).
@@ -84,12 +85,10 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
 
 @functools.lru_cache(maxsize=64)
 def prelist_blocks(nblk: int, cfg: KernelConfig) -> int:
-    """k of the block maximum that bounds the hist pass's guessed list (0: no list). Were the row's
+    """k of the block maximum that bounds the hist pass's guessed list. Were the row's
     values exchangeable, n entries above a bound would leave about nblk * (1 - exp(-n / nblk))
     blocks with a maximum above it; k is that count for n = 3/4 of the list's room, so the list
     usually fits and holds the kept set whenever the lean pass could (docs/benchmarks.md)."""
-    if not (cfg.lean and cfg.lean_prelist):
-        return 0
     room = 0.75 * 2 * cfg.cap
     return max(1, min(nblk, round(nblk * -math.expm1(-room / nblk))))
 
@@ -160,6 +159,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, cfg,
             tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
     nw = cfg.num_warps
+    prelist = cfg.lean and cfg.lean_prelist and hints.any_top_p_alone and hints.any_top_p_min_p
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
@@ -167,8 +167,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
-           prelist_blocks(nblk, cfg), NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins,
-           num_warps=cfg.row_warps)
+           prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots,
+           NB=cfg.bins, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so
@@ -181,12 +181,12 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
                     ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, NSPLIT=splits, CHUNK=chunk,
                     BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
-                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if cfg.lean_prelist else 0,
+                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0,
                     num_warps=cfg.hist_warps or nw)
             BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
                        ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,
                        ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap,
-                       PRELIST=cfg.lean_prelist and lcap > 0, num_warps=cfg.row_warps)
+                       PRELIST=prelist, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

@@ -28,7 +28,7 @@ from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch, RowSource
 from ..state.rows import RowsView, upload
 
-HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone")
+HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone", "any_top_p_min_p")
 
 
 def hints_from_bits(bits: int) -> RowHints:

@@ -54,7 +54,8 @@ def hints_from_host(host: HostRows, vocab_size: int):
     p_alone = sampled & (host.top_p < 1) & ~((host.top_k > 0) & (host.top_k < vocab_size))
     got = host.memo[("hints", vocab_size)] = RowHints(
         any_filter=bool(filt.any()), any_top_k_or_p=bool(kp.any()), any_greedy=bool((~sampled).any()),
-        any_plain=bool((sampled & ~filt).any()), any_top_p_alone=bool(p_alone.any()))
+        any_plain=bool((sampled & ~filt).any()), any_top_p_alone=bool(p_alone.any()),
+        any_top_p_min_p=bool((p_alone & (host.min_p > 0)).any()))
     return got
 
 
