@@ -1,7 +1,8 @@
 """What the per-entry work of the top-p passes costs on a GPU: device time of stripped-down
 streaming kernels over the same rows (256 x 151,936 fp32 `randn * 3`, T = 0.8), each adding one
 piece of the hist / collect passes (IEEE division, exact exp mass, histogram atomics, candidate
-appends by prefix sum or per-lane atomics, noise bits).
+appends by prefix sum or per-lane atomics, the latter into one counter a row, a split or a lane
+group, noise bits).
     python scripts/topp_costs.py [rows]
 Prints a table and ends with one JSON line."""
 import json
@@ -65,6 +66,22 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
                     pos = tl.atomic_add(cand_n + row + offs * 0, 1, mask=sel)
                     tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64),
                              mask=sel & (pos < CAP))
+            if WHAT >= 11:
+                if WHAT <= 13:     # per-lane atomics, counters 128 bytes apart: one a row / a split / 8 lane groups
+                    sel = l >= c
+                    if WHAT == 11:
+                        k = offs * 0
+                        nk = 1
+                    if WHAT == 12:
+                        k = offs * 0 + tl.program_id(1)
+                        nk = tl.num_programs(1)
+                    if WHAT == 13:
+                        k = offs % 8
+                        nk = 8
+                    pos = tl.atomic_add(cand_n + (row * 64 + k) * 32, 1, mask=sel, sem="relaxed")
+                    slot = pos * nk + k
+                    tl.store(cand_key + row.to(tl.int64) * CAP + slot, order_key(l).to(tl.int64),
+                             mask=sel & (slot < CAP))
             if WHAT == 8:      # noise bits for every entry
                 acc += uniform_bits(12345, 678, cols).to(tl.float32)
             if WHAT == 9:      # fast exp, fp32
@@ -75,7 +92,10 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
 
 
 NAMES = ["read", "mul_invT", "div_rn", "mass_exact", "mass_fast", "hist_atomics", "append_cumsum",
-         "append_lane_atomics", "noise_bits", "fexp_fast", "fexp_exact"]
+         "append_lane_atomics", "noise_bits", "fexp_fast", "fexp_exact",
+         # do same-address atomics serialise? the same appends with one padded counter a row, one
+         # a split and one per 8 lane groups (positions interleaved over the counters)
+         "append_row_counter", "append_split_counters", "append_lane_group_counters"]
 
 
 def main():
@@ -92,7 +112,7 @@ def main():
     splits, _, _, chunk, _ = _geometry(rows, vocab, x.device, DEFAULT)
     block = DEFAULT.block
     hist = torch.zeros(rows, 2048, dtype=torch.int32, device="cuda")
-    cand_n = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    cand_n = torch.zeros(rows * 64 * 32, dtype=torch.int32, device="cuda")      # up to 64 padded counters a row
     cand_key = torch.empty(rows, cap, dtype=torch.int64, device="cuda")
     out = torch.empty(rows * splits, device="cuda")
     from torch.profiler import ProfilerActivity, profile
