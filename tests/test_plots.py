@@ -80,3 +80,12 @@ def test_an_unwritable_compare_plot_path_is_one_line_and_exit_2(tmp_path, capsys
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith("tpsample: error: --plot") and "Traceback" not in err
+
+
+def test_every_compare_case_is_offered_on_the_command_line_and_titled_in_the_plot():
+    from tpsample.bench.compare import CASES
+    from tpsample.bench.plots import CASE_TITLES
+    from tpsample.cli.bench import COMPARE_CASES
+    names = [c.name for c in CASES]
+    assert list(COMPARE_CASES) == names
+    assert set(names) <= set(CASE_TITLES)

@@ -45,6 +45,7 @@ CASES = (
     Case("topp", {"temperature": 0.8, "top_p": 0.9}, anchors=("flashinfer", "torch_sort")),
     Case("topk", {"temperature": 0.8, "top_k": 50}, anchors=("flashinfer",)),
     Case("minp", {"temperature": 0.8, "min_p": 0.05}, anchors=("flashinfer",)),
+    Case("topp_minp", {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}),     # FlashInfer has no such op
     Case("topk_topp_lp5", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "logprobs": 5}),
     Case("topk_topp_pen", {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1,
                                  "frequency_penalty": 0.2}, prompt_len=PROMPT_LEN),

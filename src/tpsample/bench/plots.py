@@ -31,7 +31,7 @@ IMPLS = {
 }
 CASE_TITLES = {
     "greedy": "greedy", "temperature": "temperature 0.8", "topk_topp": "top-k 50 + top-p 0.9",
-    "topp": "top-p 0.9", "topk": "top-k 50", "minp": "min-p 0.05",
+    "topp": "top-p 0.9", "topk": "top-k 50", "minp": "min-p 0.05", "topp_minp": "T 0.7, top-p 0.9 + min-p 0.05",
     "topk_topp_lp5": "top-k + top-p, logprobs 5", "topk_topp_pen": "top-k + top-p, penalties",
 }
 STRATEGY_STYLE = {"replicated": ("#ff7f0e", "o"), "batch_sharded": ("#1f77b4", "s"),

@@ -40,7 +40,8 @@ def register(sub) -> None:
     _serve_parser(what)
 
 
-COMPARE_CASES = ("greedy", "temperature", "topk_topp", "topp", "topk", "minp", "topk_topp_lp5", "topk_topp_pen")
+COMPARE_CASES = ("greedy", "temperature", "topk_topp", "topp", "topk", "minp", "topp_minp", "topk_topp_lp5",
+                 "topk_topp_pen")
 
 
 def _sampler_parser(what) -> None:

@@ -134,7 +134,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
     """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
     test per block whether any entry is in range before the atomics (else masked atomics).
     LCAP > 0: also the lean pass's list for the select kernel's guessed bound st_xf (NaN: none;
-    see `sample_lean.prelist`)."""
+    see "The guessed list" in sample_lean.py)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         part = row * NSPLIT + tl.program_id(1)
