@@ -282,3 +282,17 @@ def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_paramete
     assert from_host == from_params
     assert from_host.any_top_p_min_p == any(r[0] > 0 and r[1] == 0 and r[2] < 1 and r[3] > 0 for r in rows)
     assert from_host.any_top_p_alone == any(r[0] > 0 and r[1] == 0 and r[2] < 1 for r in rows)
+
+
+def test_unknown_hints_turn_on_every_path_the_tokens_need_but_not_the_min_p_list():
+    """The ops' hints = -1 (device tensors, traced calls): every hint that decides which rows
+    the kernels handle is on; the top-p + min-p list, which only speeds those rows up and slows
+    top-p rows without min-p, is off. Known bits round-trip field by field."""
+    import dataclasses
+
+    from tpsample.ops.table import HINT_FIELDS, hints_from_bits, hints_to_bits
+    unknown = hints_from_bits(-1)
+    assert [f for f in HINT_FIELDS if not getattr(unknown, f)] == ["any_top_p_min_p"]
+    assert [f.name for f in dataclasses.fields(unknown)] == list(HINT_FIELDS)
+    for bits in (0, 1, 0b10101, 0b111111, 0b100000):
+        assert hints_to_bits(hints_from_bits(bits)) == bits
