@@ -32,6 +32,11 @@ VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
     "no_prelist": (KernelConfig(lean_prelist=False), P),
+    # the guessed list for top-p rows without min-p too, aiming at fewer entries a row
+    "pl_all": (KernelConfig(lean_prelist_all=True), P),
+    "pl_all_r2048": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048), P),
+    "pl_all_r1536": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1536), P),
+    "pl_all_r1024": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1024), P),
     "lb1024": (KernelConfig(lean_block=1024), P),
     "hskip": (KernelConfig(hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape

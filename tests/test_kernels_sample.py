@@ -233,6 +233,26 @@ def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_t
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens(kind):
+    """`lean_prelist_all` lists for top-p rows without min-p too, and `lean_prelist_room` sets
+    how many entries the guessed bound aims at: exact tokens and the same lean and fallback
+    counts as without the list; top-p-alone rows are listed once asked, and a room too small
+    for any row's bound covers fewer rows than the default one."""
+    from tpsample.kernels.config import prelisted_counter
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 4)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    listed = prelisted_counter(torch.device(DEV))
+    counts = []
+    for cfg in (KernelConfig(lean_prelist=False), KernelConfig(lean_prelist_all=True),
+                KernelConfig(lean_prelist_all=True, lean_prelist_room=8)):
+        before = int(listed.item())
+        counts.append((_leans_and_fallbacks(x, TOP_P_ALONE, cfg), int(listed.item()) - before))
+    (off, _), (every, n_every), (small, n_small) = counts
+    assert off == every == small
+    assert n_every >= 2 and n_small < n_every
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
     """With no entry collected beyond the bracket (bracket_all=0) and the lean pass off, the kept
     entries above it are drawn and massed by the collect pass itself: exact tokens, and still no

@@ -38,6 +38,8 @@ class KernelConfig:
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_prelist: bool = True  # top-p + min-p, no top-k: the hist pass makes the lean list (sample_lean.py)
+    lean_prelist_all: bool = False     # ... for every top-p row without top-k (did not pay at room 3072)
+    lean_prelist_room: int = 3072      # entries a row the guessed list aims at (it holds up to 2 * cap)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
@@ -57,11 +59,12 @@ class KernelConfig:
                 continue
             if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
-        for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0)):
+        for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0),
+                         ("lean_prelist_room", 1)):
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("lean", "lean_prelist", "hist_skip"):
+        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it

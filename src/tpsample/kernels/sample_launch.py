@@ -87,9 +87,10 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
 def prelist_blocks(nblk: int, cfg: KernelConfig) -> int:
     """k of the block maximum that bounds the hist pass's guessed list. Were the row's
     values exchangeable, n entries above a bound would leave about nblk * (1 - exp(-n / nblk))
-    blocks with a maximum above it; k is that count for n = 3/4 of the list's room, so the list
-    usually fits and holds the kept set whenever the lean pass could (docs/benchmarks.md)."""
-    room = 0.75 * 2 * cfg.cap
+    blocks with a maximum above it; k is that count for n = `lean_prelist_room` (by default 3/4
+    of the list's room), so the list usually fits and holds the kept set whenever the lean pass
+    could (docs/benchmarks.md)."""
+    room = cfg.lean_prelist_room
     return max(1, min(nblk, round(nblk * -math.expm1(-room / nblk))))
 
 
@@ -159,7 +160,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, cfg,
             tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
     nw = cfg.num_warps
-    prelist = cfg.lean and cfg.lean_prelist and hints.any_top_p_alone and hints.any_top_p_min_p
+    prelist = (cfg.lean and cfg.lean_prelist and hints.any_top_p_alone
+               and (cfg.lean_prelist_all or hints.any_top_p_min_p))
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
@@ -168,7 +170,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
            prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots,
-           NB=cfg.bins, NBH=cfg.hist_bins, num_warps=cfg.row_warps)
+           NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so

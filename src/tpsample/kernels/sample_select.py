@@ -99,7 +99,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, pre_k,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, NBH: tl.constexpr):
+                  NB: tl.constexpr, NBH: tl.constexpr, PRELIST_ALL: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -136,10 +136,12 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
-                # the guessed list only with min-p, whose threshold bounds it: without, listing
-                # the ~3k entries cost the hist pass what the skipped lean pass saved (measured)
-                tl.store(st_xf + row, prelist_bound(bmax_ptr, row, nblk, tl.where(minp, pre_k, 0), lo,
-                                                    tl.load(t_ptr + row), NBP))
+                # the guessed list only with min-p, whose threshold bounds it (unless PRELIST_ALL):
+                # without, listing ~3k entries cost the hist pass what the skipped pass saved
+                k_pre = pre_k
+                if not PRELIST_ALL:
+                    k_pre = tl.where(minp, pre_k, 0)
+                tl.store(st_xf + row, prelist_bound(bmax_ptr, row, nblk, k_pre, lo, tl.load(t_ptr + row), NBP))
                 stage = tl.full((), BRACKET, tl.int32)
             elif topk:
                 tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)
