@@ -66,22 +66,21 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
                     pos = tl.atomic_add(cand_n + row + offs * 0, 1, mask=sel)
                     tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64),
                              mask=sel & (pos < CAP))
-            if WHAT >= 11:
-                if WHAT <= 13:     # per-lane atomics, counters 128 bytes apart: one a row / a split / 8 lane groups
-                    sel = l >= c
-                    if WHAT == 11:
-                        k = offs * 0
-                        nk = 1
-                    if WHAT == 12:
-                        k = offs * 0 + tl.program_id(1)
-                        nk = tl.num_programs(1)
-                    if WHAT == 13:
-                        k = offs % 8
-                        nk = 8
-                    pos = tl.atomic_add(cand_n + (row * 64 + k) * 32, 1, mask=sel, sem="relaxed")
-                    slot = pos * nk + k
-                    tl.store(cand_key + row.to(tl.int64) * CAP + slot, order_key(l).to(tl.int64),
-                             mask=sel & (slot < CAP))
+            if WHAT >= 11:     # per-lane atomics, counters 128 bytes apart: one a row / a split / 8 lane groups
+                sel = l >= c
+                if WHAT == 11:
+                    k = offs * 0
+                    nk = 1
+                if WHAT == 12:
+                    k = offs * 0 + tl.program_id(1)
+                    nk = tl.num_programs(1)
+                if WHAT == 13:
+                    k = offs % 8
+                    nk = 8
+                pos = tl.atomic_add(cand_n + (row * 64 + k) * 32, 1, mask=sel, sem="relaxed")
+                slot = pos * nk + k
+                tl.store(cand_key + row.to(tl.int64) * CAP + slot, order_key(l).to(tl.int64),
+                         mask=sel & (slot < CAP))
             if WHAT == 8:      # noise bits for every entry
                 acc += uniform_bits(12345, 678, cols).to(tl.float32)
             if WHAT == 9:      # fast exp, fp32

@@ -205,6 +205,15 @@ def test_a_lean_row_beside_every_other_kind_of_row_keeps_its_exact_token():
     assert _leans_and_fallbacks(x, CONFIGS, DEFAULT) == (alone, 0)
 
 
+def _paths_and_listed(x, rows, cfg):
+    """((lean rows, fallback rows), rows the hist pass listed) of one checked call."""
+    from tpsample.kernels.config import prelisted_counter
+    listed = prelisted_counter(torch.device(DEV))
+    before = int(listed.item())
+    paths = _leans_and_fallbacks(x, rows, cfg)
+    return paths, int(listed.item()) - before
+
+
 TOP_P_MIN_P = [(0.8, 0, 0.9, 0.05), (0.9, 0, 0.9, 0.02), (1.3, 0, 0.5, 0.1), (0.7, 0, 0.95, 0.01),
                (1.0, 0, 0.999, 0.2)]
 
@@ -216,17 +225,13 @@ def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_t
     not overflow is resolved from that list (counted in `prelisted_counter`): exact tokens, the
     same lean and fallback counts as without the list, no row counted when the list is off, and
     none for top-p rows without min-p."""
-    from tpsample.kernels.config import prelisted_counter
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 3)
     rows = TOP_P_MIN_P + [(0.8, 0, 0.9, 0.0)]
     x = logits(kind, len(rows), 1500, gen)
-    listed = prelisted_counter(torch.device(DEV))
-    counts = []
-    for batch, cfg in ((rows, DEFAULT), (rows, KernelConfig(lean_prelist=False)),
-                       (rows, KernelConfig(splits=4, block=64, scan_cols=64)), (rows[-1:] * 4, DEFAULT)):
-        before = int(listed.item())
-        counts.append((_leans_and_fallbacks(x[:len(batch)], batch, cfg), int(listed.item()) - before))
-    (on, n_on), (off, n_off), (split, n_split), (alone, n_alone) = counts
+    (on, n_on), (off, n_off), (split, n_split), (alone, n_alone) = [
+        _paths_and_listed(x[:len(batch)], batch, cfg) for batch, cfg in (
+            (rows, DEFAULT), (rows, KernelConfig(lean_prelist=False)),
+            (rows, KernelConfig(splits=4, block=64, scan_cols=64)), (rows[-1:] * 4, DEFAULT))]
     assert on == off == split == (len(rows), 0)
     assert n_on >= 2 and n_split >= 2 and n_off == 0
     assert alone == (4, 0) and n_alone == 0
@@ -238,16 +243,12 @@ def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens
     how many entries the guessed bound aims at: exact tokens and the same lean and fallback
     counts as without the list; top-p-alone rows are listed once asked, and a room too small
     for any row's bound covers fewer rows than the default one."""
-    from tpsample.kernels.config import prelisted_counter
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 4)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    listed = prelisted_counter(torch.device(DEV))
-    counts = []
-    for cfg in (KernelConfig(lean_prelist=False), KernelConfig(lean_prelist_all=True),
-                KernelConfig(lean_prelist_all=True, lean_prelist_room=8)):
-        before = int(listed.item())
-        counts.append((_leans_and_fallbacks(x, TOP_P_ALONE, cfg), int(listed.item()) - before))
-    (off, _), (every, n_every), (small, n_small) = counts
+    (off, _), (every, n_every), (small, n_small) = [
+        _paths_and_listed(x, TOP_P_ALONE, cfg) for cfg in (
+            KernelConfig(lean_prelist=False), KernelConfig(lean_prelist_all=True),
+            KernelConfig(lean_prelist_all=True, lean_prelist_room=8))]
     assert off == every == small
     assert n_every >= 2 and n_small < n_every
 
