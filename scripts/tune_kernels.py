@@ -37,6 +37,12 @@ VARIANTS = {
     "pl_all_r2048": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048), P),
     "pl_all_r1536": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1536), P),
     "pl_all_r1024": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1024), P),
+    # the list's appends spread over 4 / 8 counters a row, alone and with the guessed list for every top-p row
+    "lg4": (KernelConfig(list_groups=4), P),
+    "lg8": (KernelConfig(list_groups=8), P),
+    "pl_all_lg4": (KernelConfig(lean_prelist_all=True, list_groups=4), P),
+    "pl_all_lg8": (KernelConfig(lean_prelist_all=True, list_groups=8), P),
+    "pl_all_r2048_lg8": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048, list_groups=8), P),
     "lb1024": (KernelConfig(lean_block=1024), P),
     "hskip": (KernelConfig(hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
@@ -47,6 +53,11 @@ VARIANTS = {
     "rw2_fc512": (KernelConfig(row_warps=2, lean_read_cols=512), P),
     "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), F),
     "scan8": (KernelConfig(scan_warps=8), {"temperature", "greedy"}),
+    # the plain scan's per-step "may any entry win?" reduction inside one or two warps
+    "scan1": (KernelConfig(scan_warps=1), {"temperature"}),
+    "scan2": (KernelConfig(scan_warps=2), {"temperature"}),
+    "scan1_c256": (KernelConfig(scan_warps=1, plain_scan_cols=256), {"temperature"}),
+    "scan2_c1024": (KernelConfig(scan_warps=2, plain_scan_cols=1024), {"temperature"}),
     "plain_p32": (KernelConfig(programs_per_sm=32), {"temperature", "greedy"}),
 }
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out

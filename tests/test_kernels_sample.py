@@ -254,6 +254,41 @@ def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+@pytest.mark.parametrize("groups", [2, 8])
+def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind, groups):
+    """`list_groups` spreads a row's list appends over several counters (slot i * G + g of group
+    g, holes between groups): exact tokens, and the same lean, listed and fallback counts as one
+    counter, both for the lean pass's list and the hist pass's (several programs a row too)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 5)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    for extra in ({}, {"lean_prelist_all": True}, {"lean_prelist_all": True, "splits": 4, "block": 64,
+                                                   "scan_cols": 64, "lean_block": 32}):
+        one = _paths_and_listed(x, TOP_P_ALONE, KernelConfig(**extra))
+        assert _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=groups, **extra)) == one
+        assert one[0] == (len(TOP_P_ALONE), 0)
+
+
+def _list_group(cols: torch.Tensor, groups: int) -> torch.Tensor:
+    return (cols ^ (cols >> 2) ^ (cols >> 3) ^ (cols >> 5)) & (groups - 1)
+
+
+@pytest.mark.parametrize("prelist_all", [False, True])
+def test_a_list_crowded_into_one_counter_falls_back_exactly(prelist_all):
+    """When every listed column belongs to one of 8 counters, that group overflows its share of
+    the list though the whole list would fit: the row is not resolved from the truncated list but
+    by the exact search (counted), with the exact token; one counter resolves it lean."""
+    gen = torch.Generator().manual_seed(31)
+    rows = [(0.8, 0, 0.9, 0.0)] * 3
+    x = torch.randn(len(rows), 1500, generator=gen)
+    cols = torch.arange(1500)
+    hot = cols[_list_group(cols, 8) == 0][:30]
+    x[:, hot] = 12.0 + 0.01 * torch.randn(len(rows), len(hot), generator=gen)      # ~27 of them kept
+    small = {"cap": 64, "small": 32, "lean_prelist_all": prelist_all}
+    assert _leans_and_fallbacks(x, rows, KernelConfig(**small)) == (len(rows), 0)
+    assert _leans_and_fallbacks(x, rows, KernelConfig(list_groups=8, **small))[1] == len(rows)
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
     """With no entry collected beyond the bracket (bracket_all=0) and the lean pass off, the kept
     entries above it are drawn and massed by the collect pass itself: exact tokens, and still no

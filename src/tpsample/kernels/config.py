@@ -41,6 +41,7 @@ class KernelConfig:
     lean_prelist_all: bool = False     # ... for every top-p row without top-k (did not pay at room 3072)
     lean_prelist_room: int = 3072      # entries a row the guessed list aims at (it holds up to 2 * cap)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
+    list_groups: int = 1       # counters a row's lean list appends through (atomics spread over addresses)
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
@@ -80,7 +81,7 @@ _COLS = 1 << 16            # the largest column step or list (Triton blocks hold
 _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
                 "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
-                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32}
+                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
 
 

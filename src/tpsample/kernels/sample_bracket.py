@@ -41,6 +41,7 @@ from .sample_state import (
     append_candidates,
     draw_candidates,
     start_search,
+    zero_counters,
 )
 from .tlutil import (
     BIG_ID32,
@@ -119,18 +120,63 @@ def target_of(p, p_mass, row, NSPLIT: tl.constexpr):
 
 
 @triton.jit
-def list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP: tl.constexpr):
+def list_group(cols, LG: tl.constexpr):
+    """The counter (of the row's LG) through which column `cols` is listed: the 32 lanes of one
+    warp instruction reach LG different counters (LG <= 32) whatever the register layout, so
+    their atomics do not queue on one address."""
+    return (cols ^ (cols >> 2) ^ (cols >> 3) ^ (cols >> 5)) & (LG - 1)
+
+
+@triton.jit
+def list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP: tl.constexpr, LG: tl.constexpr):
     """Append the columns of x >= xf (NaN compares false) to the row's id list, one atomic per
-    listed entry (order does not matter); past LCAP counted, not stored."""
+    listed entry (order does not matter). With LG counters (`list_group`, words CN / LG apart
+    in the row's counter line) group g's i-th entry takes slot i * LG + g; past LCAP / LG a
+    group counts, does not store (`list_fits` sees it)."""
     sel = xr.to(tl.float32) >= xf
-    pos = tl.atomic_add(cand_n + row * CN + cols * 0, 1, mask=sel, sem="relaxed")     # read after the kernel
-    tl.store(ids_ptr + row.to(tl.int64) * LCAP + pos, cols, mask=sel & (pos < LCAP))
+    g = list_group(cols, LG)
+    pos = tl.atomic_add(cand_n + row * CN + g * (CN // LG), 1, mask=sel, sem="relaxed")   # read after the kernel
+    slot = pos * LG + g
+    tl.store(ids_ptr + row.to(tl.int64) * LCAP + slot, cols, mask=sel & (pos < LCAP // LG))
+
+
+@triton.jit
+def list_depth(cand_n, row, LG: tl.constexpr):
+    """The largest of the row's LG list counters: slots [0, depth * LG) hold the list, with
+    holes (`list_slot_valid`); the list overflowed when depth > LCAP / LG."""
+    if LG == 1:
+        depth = tl.load(cand_n + row * CN)
+    else:
+        depth = tl.max(tl.load(cand_n + row * CN + tl.arange(0, LG) * (CN // LG)), axis=0)
+    return depth
+
+
+@triton.jit
+def lean_fits(upward, LCAP: tl.constexpr, LG: tl.constexpr):
+    """Whether a row with `upward` entries from the bracket's first bin up may take the lean
+    pass: they fit LCAP less 1/16 (for the few the x bound lets in below L) and, with LG > 1
+    counters, the fullest group is expected to fit its LCAP / LG less the same 1/16 (its mean
+    plus 4 standard deviations of a Poisson count, plus 1)."""
+    room = LCAP - LCAP // 16
+    if LG == 1:
+        fits = upward <= room
+    else:
+        mean = upward.to(tl.float32) / LG
+        fits = mean + 4.0 * tl.sqrt(mean) + 1.0 <= room / LG
+    return fits
+
+
+@triton.jit
+def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
+    """Which list slots idx hold a listed column (group idx % LG has more than idx // LG)."""
+    return (idx // LG) < tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
                 p_mass, st_xf, ids_ptr, cand_n, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LCAP: tl.constexpr):
+                NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LCAP: tl.constexpr,
+                LG: tl.constexpr):
     """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
     test per block whether any entry is in range before the atomics (else masked atomics).
     LCAP > 0: also the lean pass's list for the select kernel's guessed bound st_xf (NaN: none;
@@ -156,7 +202,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
             cols = s + offs
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
             if LCAP > 0:
-                list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP)
+                list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP, LG)
             l = div_t(fp32_nonan(xr), t)
             xr = xr_next
             s_lane += tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0)
@@ -191,18 +237,20 @@ def x_bound(L, t):
 @triton.jit
 def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
                    st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT: tl.constexpr, ALL: tl.constexpr,
-                   NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr):
+                   NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr,
+                   LG: tl.constexpr):
     """The bracket of each BRACKET row, once (the collect programs and the finish read it). With
     LCAP > 0, a row whose entries from the bracket's first bin up fit LCAP (less 1/16 for the
     few that the x bound lets in below L) and whose candidates fit CAP becomes LEAN
     (sample_lean.py); LISTED instead (counted in `prelisted`) when PRELIST and the hist pass's
     list {x >= its bound} holds every x >= the row's xf and did not overflow. Every other
-    BRACKET row's candidate counter is zeroed for its third pass."""
+    BRACKET row's counters are zeroed for its third pass."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
-        n_pre = tl.load(cand_n + row * CN)
-        xf_pre = tl.load(st_xf + row)
-        tl.debug_barrier()      # read before any warp rewrites them
+        if PRELIST:
+            n_pre = list_depth(cand_n, row, LG)
+            xf_pre = tl.load(st_xf + row)
+            tl.debug_barrier()      # read before any warp rewrites them
         lo = tl.load(st_hlo + row)
         inv = tl.load(st_hinv + row)
         m = tl.load(st_m + row)
@@ -212,18 +260,18 @@ def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_pt
         tl.store(st_last + row, last)
         tl.store(st_count + row, count)
         stage = tl.full((), BRACKET, tl.int32)
-        if (LCAP > 0) & (upward <= LCAP - LCAP // 16) & (count <= CAP):
+        if (LCAP > 0) & lean_fits(upward, LCAP, LG) & (count <= CAP):
             L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
             tl.store(st_lean_l + row, L)
             tl.store(st_xf + row, xf)
             stage = tl.full((), LEAN, tl.int32)
             if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
-                if (xf_pre <= xf) & (n_pre <= LCAP):      # {x >= xf_pre} holds {x >= xf}
+                if (xf_pre <= xf) & (n_pre <= LCAP // LG):      # {x >= xf_pre} holds {x >= xf}
                     stage = tl.full((), LISTED, tl.int32)
                     tl.atomic_add(prelisted, 1)
             tl.store(st_stage + row, stage)
         if stage != LISTED:
-            tl.store(cand_n + row * CN, 0)
+            zero_counters(cand_n, row)
 
 
 @triton.jit

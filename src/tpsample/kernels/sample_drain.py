@@ -36,14 +36,14 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
                        st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                        cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
                        st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
-                       EXACT_EXP, 7, NBH, 1, BLOCK)
+                       EXACT_EXP, 7, NBH, 1, BLOCK, 1)
         tl.debug_barrier()
         stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                             st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                             st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                             p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
                             x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
-                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH)
+                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH, 1)
         tl.debug_barrier()
         it += 1
     if stage != DONE:        # cannot happen (the search narrows every round); flag, never hang

@@ -34,6 +34,7 @@ from .sample_state import (
     eligible_key,
     start_search,
     window_shift,
+    zero_counters,
 )
 from .tlutil import (
     BIG_ID32,
@@ -201,7 +202,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                 x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                 NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
                 NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
-                FC: tl.constexpr, NBH: tl.constexpr):
+                FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr):
     """The row's step after a round; returns its new stage (DONE when its token is written)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
@@ -258,11 +259,12 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                                cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_count, fallbacks, NSPLIT, CAP,
                                SMALL, P, NB, EXACT_EXP)
     elif ((STAGES & 8) != 0) & ((stage == LEAN) | (stage == LISTED)):
-        tl.store(cand_n + row * CN, 0)
-        stage = after_lean(row, n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset, scale,
-                           one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove,
+        stage = after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset,
+                           scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove,
                            st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass,
-                           fallbacks, leans, NSPLIT, CAP, SMALL, LCAP, FC, P, NB, NBH, EXACT_EXP)
+                           fallbacks, leans, NSPLIT, CAP, SMALL, LCAP, FC, P, NB, NBH, EXACT_EXP, LG)
+        tl.debug_barrier()      # the list's counters are read before they are zeroed
+        zero_counters(cand_n, row)
     tl.store(st_stage + row, stage)
     return stage
 
@@ -275,13 +277,13 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                   x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                   NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
-                  FC: tl.constexpr, NBH: tl.constexpr):
+                  FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr):
     row = tl.program_id(0)
     stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                         st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                         st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                         p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
                         x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
-                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, LCAP, FC, NBH)
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, LCAP, FC, NBH, LG)
     if stage != DONE:
         tl.atomic_add(pending, 1)

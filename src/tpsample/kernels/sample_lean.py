@@ -33,13 +33,14 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import bin_of, list_columns, resolve_keys, settle, target_of
+from .sample_bracket import bin_of, list_columns, list_depth, list_slot_valid, resolve_keys, settle, target_of
 from .sample_scan import fp32_nonan
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
 
 
 @triton.jit
-def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr):
+def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr,
+                 LG: tl.constexpr):
     """Pass 3 of a LEAN row's split [start, end): the columns of x >= xf, appended (order does
     not matter) with one atomic per listed entry: no prefix sum over a step's entries, which
     measured slower (89 against 68 us at 256 x 151,936 on an H200)."""
@@ -49,24 +50,24 @@ def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl
     for s in range(start, end, BLOCK):
         cols = s + offs
         xr_next = tl.load(xrow + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
-        list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP)
+        list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP, LG)
         xr = xr_next
 
 
 @triton.jit
-def _split_listed(row, n, xrow, t, L, lo, inv, last, m, scale, one, k0, k1, col_offset, ids_ptr, cand_id,
-                  CAP: tl.constexpr, LCAP: tl.constexpr, FC: tl.constexpr, NBH: tl.constexpr,
-                  EXACT_EXP: tl.constexpr):
-    """Over the n listed columns: (mass, Gumbel winner) of the entries above the bracket, and the
-    bracket's candidates' columns written to cand_id (their number returned; past CAP counted,
-    not stored)."""
+def _split_listed(row, slots, cand_n, xrow, t, L, lo, inv, last, m, scale, one, k0, k1, col_offset, ids_ptr,
+                  cand_id, CAP: tl.constexpr, LCAP: tl.constexpr, FC: tl.constexpr, NBH: tl.constexpr,
+                  EXACT_EXP: tl.constexpr, LG: tl.constexpr):
+    """Over the list's first `slots` slots (the listed columns and the holes between groups):
+    (mass, Gumbel winner) of the entries above the bracket, and the bracket's candidates'
+    columns written to cand_id (their number returned; past CAP counted, not stored)."""
     m_above = tl.zeros((), tl.int64)
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
     nb = tl.zeros((), tl.int32)
-    for c in range(0, n, FC):
+    for c in range(0, slots, FC):
         idx = c + tl.arange(0, FC)
-        valid = idx < n
+        valid = (idx < slots) & list_slot_valid(cand_n, row, idx, LG)
         ids = tl.load(ids_ptr + row.to(tl.int64) * LCAP + idx, mask=valid, other=0)
         l = div_t(fp32_nonan(tl.load(xrow + ids, mask=valid, other=NEG_INF)), t)
         keep = valid & (l >= L) & (l > NEG_INF)
@@ -96,25 +97,29 @@ def _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, ke
 
 
 @triton.jit
-def after_lean(row, n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+def after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
                st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass, fallbacks, leans,
                NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, LCAP: tl.constexpr,
-               FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr):
+               FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr,
+               LG: tl.constexpr):
     """The per-row step of a LEAN row (see the module docstring): its token, or the exact search;
-    returns the new stage. n: the listed columns' count."""
+    returns the new stage. The list's LG counters are still in cand_n (the caller zeroes them
+    after this step)."""
     t = tl.load(t_ptr + row)
     xrow = x_ptr + row.to(tl.int64) * stride
     k0 = tl.load(key0_ptr + row).to(tl.uint32)
     k1 = tl.load(key1_ptr + row).to(tl.uint32)
     target = target_of(p, p_mass, row, NSPLIT)
-    ok = n <= LCAP
+    depth = list_depth(cand_n, row, LG)
+    ok = depth <= LCAP // LG
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
     if ok:
-        m_above, av, ai, nb = _split_listed(row, n, xrow, t, tl.load(st_lean_l + row), tl.load(st_hlo + row),
-                                            tl.load(st_hinv + row), tl.load(st_last + row), m, scale, one, k0,
-                                            k1, col_offset, ids_ptr, cand_id, CAP, LCAP, FC, NBH, EXACT_EXP)
+        m_above, av, ai, nb = _split_listed(row, depth * LG, cand_n, xrow, t, tl.load(st_lean_l + row),
+                                            tl.load(st_hlo + row), tl.load(st_hinv + row), tl.load(st_last + row),
+                                            m, scale, one, k0, k1, col_offset, ids_ptr, cand_id, CAP, LCAP, FC,
+                                            NBH, EXACT_EXP, LG)
         tl.debug_barrier()     # the candidates' columns are written before they are read
         ok = nb <= CAP
         if ok:

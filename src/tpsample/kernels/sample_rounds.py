@@ -140,7 +140,8 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
                st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr,
                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-               NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr):
+               NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr,
+               LG: tl.constexpr):
     """One split's pass of one row, by the row's stage (nothing for DONE rows)."""
     stage = tl.load(st_stage + row)
     if stage != 0:
@@ -176,7 +177,8 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
                           st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
                           p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
         if ((STAGES & 8) != 0) & (stage == LEAN):
-            lean_collect(x_ptr, row_off, start, end, row, tl.load(st_xf + row), ids_ptr, cand_n, LEAN_BLOCK, LCAP)
+            lean_collect(x_ptr, row_off, start, end, row, tl.load(st_xf + row), ids_ptr, cand_n, LEAN_BLOCK, LCAP,
+                         LG)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -187,7 +189,7 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                  st_last, st_count, st_xf, ids_ptr,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr,
-                 NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr):
+                 NBH: tl.constexpr, LCAP: tl.constexpr, LEAN_BLOCK: tl.constexpr, LG: tl.constexpr):
     """STAGES: bitmask of the stages compiled in (1 COLLECT, 2 DRAW, 4 HIST, 8 BRACKET and LEAN); the
     first round leaves HIST out (rows there wait a round), which keeps that variant's registers
     low."""
@@ -198,4 +200,4 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
                st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
-               EXACT_EXP, STAGES, NBH, LCAP, LEAN_BLOCK)
+               EXACT_EXP, STAGES, NBH, LCAP, LEAN_BLOCK, LG)

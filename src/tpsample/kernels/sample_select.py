@@ -16,7 +16,6 @@ from .sample_bracket import range_for_top_p, x_bound
 from .sample_scan import fp32_nonan, row_flags
 from .sample_state import (
     BRACKET,
-    CN,
     COLLECT,
     DONE,
     DRAW,
@@ -26,6 +25,7 @@ from .sample_state import (
     PLAIN,
     eligible_key,
     start_search,
+    zero_counters,
 )
 from .tlutil import (
     BIG_ID32,
@@ -118,7 +118,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
         raw_i = raw_argmax(x_ptr + row.to(tl.int64) * stride, ncols)
     tl.store(st_raw + row, raw_i)
     tl.store(st_m + row, m)
-    tl.store(cand_n + row * CN, 0)
+    zero_counters(cand_n, row)
     stage = tl.full((), DONE, tl.int32)
     token = raw_i
     if mode == PLAIN:

@@ -36,6 +36,13 @@ CN = tl.constexpr(32)
 
 
 @triton.jit
+def zero_counters(cand_n, row):
+    """All of the row's counters to 0: the candidates' (word 0) and the lean list's groups
+    (`sample_bracket.list_columns`)."""
+    tl.store(cand_n + row * CN + tl.arange(0, CN), tl.zeros((CN,), tl.int32))
+
+
+@triton.jit
 def window_shift(klo, khi, NB: tl.constexpr):
     """Smallest shift with (khi - klo) >> shift < NB."""
     shift = tl.zeros((), tl.int64)
