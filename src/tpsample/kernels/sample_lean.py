@@ -33,7 +33,15 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import bin_of, list_columns, list_depth, list_slot_valid, resolve_keys, settle, target_of
+from .sample_bracket import (
+    bin_of,
+    list_columns,
+    list_depth,
+    list_slot_valid,
+    resolve_keys,
+    settle,
+    target_of,
+)
 from .sample_scan import fp32_nonan
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
 
