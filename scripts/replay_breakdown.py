@@ -111,7 +111,7 @@ def main():
         for _ in range(5):
             step.replay().token_lists()
         parts = parts_of_replay(step)
-        tl_ = timeline(lambda: step.replay().token_lists())
+        tl_ = timeline(lambda step=step: step.replay().token_lists())
         res["cases"][case.name] = {"host": parts, "device": tl_}
         print(f"=== {case.name} ({rows} rows)")
         print("  host us: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
