@@ -3,7 +3,7 @@ median host us of each part of `CapturedStep.replay()` and of reading the tokens
 same measure for a graph holding one small kernel and the same device-to-host copy (the floor of
 a graph launch + event + read); then, from a torch profiler trace, the device timeline of one
 replay: first kernel start after the graph launch call, the busy span, the kernels' own time and
-the gaps between them.
+the gaps between them; and the first two figures again once the profiler has run.
     python scripts/replay_breakdown.py [rows [case ...]]
 Prints a table per case and ends with one JSON line."""
 import json
@@ -67,6 +67,18 @@ def null_graph(rows, n=40):
     return round(statistics.median(out), 1)
 
 
+def eager_argmax(rows, n=40):
+    """Median us of an eager `argmax(dim=1).tolist()` of [rows, 151,936] (a host-bound anchor)."""
+    x = torch.randn(rows, 151936, device="cuda")
+    out = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x.argmax(dim=1).tolist()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return round(statistics.median(out), 1)
+
+
 def timeline(fn, n=5):
     """Per replay (median over n): us from the graph launch call to the first device op, the busy
     span, the device ops' own time and the gaps between them."""
@@ -100,9 +112,9 @@ def main():
     wanted = set(sys.argv[2:]) or {"greedy", "temperature", "topk_topp", "topp"}
     vocab = 151936
     x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
-    floor = null_graph(rows)
-    print(f"null graph (one kernel + D2H copy + event + read): {floor} us")
-    res = {"rows": rows, "null_graph_us": floor, "cases": {}}
+    floor, anchor = null_graph(rows), eager_argmax(rows)
+    print(f"null graph (one kernel + D2H copy + event + read): {floor} us; eager argmax().tolist(): {anchor} us")
+    res = {"rows": rows, "null_graph_us": floor, "argmax_us": anchor, "cases": {}}
     for case in CASES:
         if case.name not in wanted:
             continue
@@ -117,6 +129,9 @@ def main():
         print("  host us: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
         print("  device us: " + ", ".join(f"{k} {v}" for k, v in tl_.items()))
         sys.stdout.flush()
+    # the same two after the profiler ran: does a finished profiler session leave host cost behind?
+    res["after_profiler"] = {"null_graph_us": null_graph(rows), "argmax_us": eager_argmax(rows)}
+    print(f"after the profiler: {res['after_profiler']}")
     print(json.dumps({"bench": "replay_breakdown", **res}))
 
 
