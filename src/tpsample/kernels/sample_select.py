@@ -75,9 +75,12 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 @triton.jit
 def prelist_bound(bmax_ptr, row, nblk, pre_k, lo, t, NBP: tl.constexpr):
     """The x bound of the hist pass's guessed list for a top-p row (sample_lean.py): that of the
-    pre_k-th largest block maximum, or of lo when higher; NaN (nothing listed) when pre_k is 0."""
-    tau = tl.maximum(kth_block_max(bmax_ptr, row, nblk, tl.maximum(pre_k, 1), NBP), lo)
-    return tl.where(pre_k > 0, x_bound(tau, t), float("nan"))
+    pre_k-th largest block maximum, or of lo when higher; NaN (nothing listed) when pre_k is 0,
+    without the search for the k-th maximum (a bisection over the block maxima)."""
+    xf = tl.full((), float("nan"), tl.float32)
+    if pre_k > 0:
+        xf = x_bound(tl.maximum(kth_block_max(bmax_ptr, row, nblk, pre_k, NBP), lo), t)
+    return xf
 
 
 @triton.jit
