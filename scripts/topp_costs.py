@@ -2,10 +2,11 @@
 streaming kernels over the same rows (256 x 151,936 fp32 `randn * 3`, T = 0.8), each adding one
 piece of the hist / collect passes (IEEE division, exact exp mass, histogram atomics, candidate
 appends by prefix sum or per-lane atomics, the latter into one counter a row, a split or a lane
-group, noise bits).
-    python scripts/topp_costs.py [rows]
+group, noise bits, the histogram counted in registers by `tl.histogram`).
+    [PROBES=read,hist_atomics] python scripts/topp_costs.py [rows]
 Prints a table and ends with one JSON line."""
 import json
+import os
 import sys
 
 import torch
@@ -32,6 +33,10 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
     acc = tl.zeros((BLOCK,), tl.float32)
     iacc = tl.zeros((BLOCK,), tl.int64)
     offs = tl.arange(0, BLOCK)
+    if WHAT == 14:
+        hacc = tl.zeros((2048,), tl.int32)
+    if WHAT == 15:
+        hacc = tl.zeros((256,), tl.int32)
     for s in range(start, end, BLOCK):
         cols = s + offs
         x = load_x(x_ptr, row_off, cols, cols < end)
@@ -66,7 +71,7 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
                     pos = tl.atomic_add(cand_n + row + offs * 0, 1, mask=sel)
                     tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64),
                              mask=sel & (pos < CAP))
-            if WHAT >= 11:     # per-lane atomics, counters 128 bytes apart: one a row / a split / 8 lane groups
+            if (WHAT >= 11) & (WHAT <= 13):     # per-lane atomics, counters 128 bytes apart: one a row / a split / 8 lane groups
                 sel = l >= c
                 if WHAT == 11:
                     k = offs * 0
@@ -81,12 +86,24 @@ def probe(x_ptr, stride, ncols, t, m_ptr, lo_ptr, c_ptr, hist_ptr, cand_n, cand_
                 slot = pos * nk + k
                 tl.store(cand_key + row.to(tl.int64) * CAP + slot, order_key(l).to(tl.int64),
                          mask=sel & (slot < CAP))
+            if WHAT >= 14:     # the same histogram in registers (tl.histogram), added to memory once
+                inr = l >= lo
+                if WHAT == 14:
+                    b = tl.minimum(tl.maximum((l - lo) * (2048.0 / (m - lo)), 0.0), 2047.0).to(tl.int32)
+                    hacc += tl.histogram(b, 2048, mask=inr)
+                if WHAT == 15:
+                    b = tl.minimum(tl.maximum((l - lo) * (256.0 / (m - lo)), 0.0), 255.0).to(tl.int32)
+                    hacc += tl.histogram(b, 256, mask=inr)
             if WHAT == 8:      # noise bits for every entry
                 acc += uniform_bits(12345, 678, cols).to(tl.float32)
             if WHAT == 9:      # fast exp, fp32
                 acc += fexp(l - m, False)
             if WHAT == 10:     # exact exp, fp32
                 acc += fexp(l - m, True)
+    if WHAT == 14:
+        tl.atomic_add(hist_ptr + row.to(tl.int64) * 2048 + tl.arange(0, 2048), hacc, sem="relaxed")
+    if WHAT == 15:
+        tl.atomic_add(hist_ptr + row.to(tl.int64) * 2048 + tl.arange(0, 256), hacc, sem="relaxed")
     tl.store(out_ptr + row * tl.num_programs(1) + tl.program_id(1), tl.sum(acc, axis=0) + tl.sum(iacc, axis=0).to(tl.float32))
 
 
@@ -94,7 +111,9 @@ NAMES = ["read", "mul_invT", "div_rn", "mass_exact", "mass_fast", "hist_atomics"
          "append_lane_atomics", "noise_bits", "fexp_fast", "fexp_exact",
          # do same-address atomics serialise? the same appends with one padded counter a row, one
          # a split and one per 8 lane groups (positions interleaved over the counters)
-         "append_row_counter", "append_split_counters", "append_lane_group_counters"]
+         "append_row_counter", "append_split_counters", "append_lane_group_counters",
+         # the bracket histogram counted in registers (tl.histogram per step, one vector atomic a program)
+         "hist_register_2048", "hist_register_256"]
 
 
 def main():
@@ -117,7 +136,10 @@ def main():
     from torch.profiler import ProfilerActivity, profile
     res = {}
     print(f"{rows} rows x {vocab}, splits {splits}, chunk {chunk}, block {block}; in range {int((l >= lo[:, None]).sum()) // rows} a row")
+    only = [n for n in os.environ.get("PROBES", "").split(",") if n]      # PROBES=read,hist_atomics: only these
     for what, name in enumerate(NAMES):
+        if only and name not in only:
+            continue
         for warps in (1, 4):
             bl = block if warps == 1 else 1024
 
