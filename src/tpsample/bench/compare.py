@@ -16,7 +16,9 @@ path's own cost; not for the in-place penalties case, which is never replayed), 
 step captured once with `Sampler.capture` and replayed (`tpsample graph`, what an engine that
 graphs its decode step pays); and, for the cases without penalties, the stateless
 `tpsample.ops.sample` over per-row tensors (`tpsample ops`). Prints a table, writes the plot (`--plot`: `plots.plot_compare`)
-and ends with one JSON line. Untimed calls of the first case run before any is measured.
+and ends with one JSON line. Untimed calls of the first case run before any is measured, and
+every wall time is taken before the first profiled call (device times and memory come from a
+second sweep over the same logits).
 """
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ def case_sampler(case: Case, rows: int, vocab: int, device=None, prompt_len: int
     return s, [f"r{i}" for i in range(rows)]
 
 
-def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
+def _tpsample(case: Case, x: torch.Tensor, iters: int, phase: str) -> list[dict]:
     rows, vocab = x.shape
     inplace = case.prompt_len > 1
     s, ids = case_sampler(case, rows, vocab, x.device)
@@ -119,7 +121,7 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         out = s.sample(work, s.plan(ids))
         return lambda: (out.token_lists(), out.logprobs)
 
-    out = [{"impl": "tpsample eager", **_measure(call, iters, refill, x.device)}]
+    out = [{"impl": "tpsample eager", **_measure(call, iters, refill, x.device, phase)}]
     if not inplace:     # a new logits buffer every call: no graph; after a few calls the launch-list replay
         bufs, turn = (x, x.clone()), [0]
 
@@ -128,7 +130,7 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
             o = s.sample(bufs[turn[0]], s.plan(ids))
             return lambda: (o.token_lists(), o.logprobs)
 
-        out.append({"impl": "tpsample eager, new buffer", **_measure(call_new, iters, None, x.device)})
+        out.append({"impl": "tpsample eager, new buffer", **_measure(call_new, iters, None, x.device, phase)})
         del bufs
     # what an engine that graphs its decode step pays: the same step captured once and replayed
     # (the buffer refilled before each replay when the sampler works in place, as the LM head would)
@@ -140,9 +142,9 @@ def _tpsample(case: Case, x: torch.Tensor, iters: int) -> list[dict]:
         out = step.replay()
         return lambda: (out.token_lists(), out.logprobs)
 
-    out.append({"impl": "tpsample graph", **_measure(replay, iters, refill, x.device)})
+    out.append({"impl": "tpsample graph", **_measure(replay, iters, refill, x.device, phase)})
     if not inplace:
-        out.append({"impl": "tpsample ops", **_measure(_ops_call(case, x), iters, None, x.device)})
+        out.append({"impl": "tpsample ops", **_measure(_ops_call(case, x), iters, None, x.device, phase)})
     return out
 
 
@@ -167,9 +169,10 @@ def _ops_call(case: Case, x: torch.Tensor):
     return call
 
 
-def _measure(call, iters: int, refill, device) -> dict:
-    """Warm-up, then wall / host time, device time and extra memory of call()() (refill() before
-    the warm-up and timed calls when given: an in-place sampler overwrites its input)."""
+def _measure(call, iters: int, refill, device, phase: str) -> dict:
+    """Warm-up, then (phase "wall") wall and host time, or (phase "device") device time and
+    extra memory of call()() (refill() before the warm-up and timed calls when given: an
+    in-place sampler overwrites its input)."""
     def run():
         if refill:
             refill()
@@ -177,17 +180,18 @@ def _measure(call, iters: int, refill, device) -> dict:
 
     for _ in range(3):
         run()
-    wall, host = _wall_us(call, iters, refill)
+    if phase == "wall":
+        wall, host = _wall_us(call, iters, refill)
+        return {"wall_us": wall, "host_us": host}
     if refill:                  # refilled outside the profiled calls (a copy is no sampling work)
         refill()
     device_us = _device_us(lambda: call()(), 3)
     if refill:
         refill()
-    return {"wall_us": wall, "host_us": host, "device_us": device_us,
-            "extra_mib": _peak_extra(lambda: call()(), device)}
+    return {"device_us": device_us, "extra_mib": _peak_extra(lambda: call()(), device)}
 
 
-def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
+def _anchor(name: str, case: Case, x: torch.Tensor, iters: int, phase: str) -> dict | None:
     p = case.params
     rows = x.shape[0]
     if name == "argmax":
@@ -210,8 +214,10 @@ def _anchor(name: str, case: Case, x: torch.Tensor, iters: int) -> dict | None:
         raise ValueError(name)
     for _ in range(3):
         call()()
-    wall, host = _wall_us(call, iters)
-    return {"impl": name, "wall_us": wall, "host_us": host, "device_us": _device_us(lambda: call()(), 3),
+    if phase == "wall":
+        wall, host = _wall_us(call, iters)
+        return {"impl": name, "wall_us": wall, "host_us": host}
+    return {"impl": name, "device_us": _device_us(lambda: call()(), 3),
             "extra_mib": _peak_extra(lambda: call()(), x.device)}
 
 
@@ -277,25 +283,27 @@ def _warm_up(case: Case, rows: int, vocab: int, calls: int = 50) -> None:
 
 
 def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 20, progress=None, cases=None) -> list[dict]:
-    """cases: the names to run (all when None)."""
-    results = []
+    """cases: the names to run (all when None). Every wall time is measured before the first
+    profiled call (phase "wall", then phase "device" over the same logits): a finished profiler
+    session can leave host work behind on later CUDA calls."""
     chosen = [c for c in CASES if cases is None or c.name in cases]
     _warm_up(chosen[0], rows_list[0], vocab)
     plan = [(case, rows) for rows in rows_list for case in chosen
             if rows == rows_list[0] or case.name not in FIRST_SIZE_ONLY]
-    for i, (case, rows) in enumerate(plan):
-        if progress is not None:
-            progress(i, len(plan), f"{case.name} x {rows}")
-        x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
-        base = {"case": case.name, "rows": rows, "vocab": vocab}
-        results += [{**base, **r} for r in _tpsample(case, x, iters)]
-        for name in case.anchors:
-            r = _anchor(name, case, x, iters)
-            if r is not None:
-                results.append({**base, **r})
-        del x
-        torch.cuda.empty_cache()
-    return results
+    merged: dict = {}
+    for j, phase in enumerate(("wall", "device")):
+        for i, (case, rows) in enumerate(plan):
+            if progress is not None:
+                progress(j * len(plan) + i, 2 * len(plan), f"{phase}: {case.name} x {rows}")
+            x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
+            base = {"case": case.name, "rows": rows, "vocab": vocab}
+            found = _tpsample(case, x, iters, phase)
+            found += [r for r in (_anchor(name, case, x, iters, phase) for name in case.anchors) if r is not None]
+            for r in found:
+                merged.setdefault((case.name, rows, r["impl"]), dict(base)).update(r)
+            del x
+            torch.cuda.empty_cache()
+    return list(merged.values())
 
 
 def main(args) -> None:
