@@ -283,7 +283,8 @@ def test_a_list_crowded_into_one_counter_falls_back_exactly(prelist_all):
     cols = torch.arange(1500)
     hot = cols[_list_group(cols, 8) == 0][:30]
     x[:, hot] = 12.0 + 0.01 * torch.randn(len(rows), len(hot), generator=gen)      # ~27 of them kept
-    small = {"cap": 64, "small": 32, "lean_prelist_all": prelist_all}
+    small = {"cap": 64, "small": 32, "lean_prelist_all": prelist_all, "splits": 1}   # one program a row: steps
+    # start at multiples of the step, where a column's counter is _list_group of the column
     assert _leans_and_fallbacks(x, rows, KernelConfig(**small)) == (len(rows), 0)
     assert _leans_and_fallbacks(x, rows, KernelConfig(list_groups=8, **small))[1] == len(rows)
 

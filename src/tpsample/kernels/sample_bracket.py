@@ -121,23 +121,24 @@ def target_of(p, p_mass, row, NSPLIT: tl.constexpr):
 
 @triton.jit
 def list_group(cols, LG: tl.constexpr):
-    """The counter (of the row's LG) through which column `cols` is listed: the 32 lanes of one
-    warp instruction reach LG different counters (LG <= 32) whatever the register layout, so
-    their atomics do not queue on one address."""
+    """A mix of the bits of `cols` into [0, LG): over any 32 consecutive lanes of a block (whatever
+    the register layout) it takes LG different values (LG <= 32). It is linear over XOR, so for
+    a step s whose bits are apart from the lane position's, list_group(s + offs) =
+    list_group(s) ^ list_group(offs)."""
     return (cols ^ (cols >> 2) ^ (cols >> 3) ^ (cols >> 5)) & (LG - 1)
 
 
 @triton.jit
-def list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP: tl.constexpr, LG: tl.constexpr):
+def list_columns(xr, xf, cols, g, row, ids_ptr, cand_n, LCAP: tl.constexpr, LG: tl.constexpr):
     """Append the columns of x >= xf (NaN compares false) to the row's id list, one atomic per
-    listed entry (order does not matter). With LG counters (`list_group`, words CN / LG apart
-    in the row's counter line) group g's i-th entry takes slot i * LG + g; past LCAP / LG a
-    group counts, does not store (`list_fits` sees it)."""
+    listed entry (order does not matter), through counter g (of LG, words CN / LG apart in the
+    row's counter line; the callers take `list_group(offs) ^ list_group(step)`, so the lanes of
+    one warp instruction append through different counters and their atomics do not queue on
+    one address). Group g's i-th entry takes slot i * LG + g; past LCAP / LG a group counts, does
+    not store (`list_depth` sees it)."""
     sel = xr.to(tl.float32) >= xf
-    g = list_group(cols, LG)
     pos = tl.atomic_add(cand_n + row * CN + g * (CN // LG), 1, mask=sel, sem="relaxed")   # read after the kernel
-    slot = pos * LG + g
-    tl.store(ids_ptr + row.to(tl.int64) * LCAP + slot, cols, mask=sel & (pos < LCAP // LG))
+    tl.store(ids_ptr + row.to(tl.int64) * LCAP + pos * LG + g, cols, mask=sel & (pos < LCAP // LG))
 
 
 @triton.jit
@@ -197,12 +198,13 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
             xf = tl.load(st_xf + row)
         s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
         offs = tl.arange(0, BLOCK)
+        goffs = list_group(offs, LG)
         xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
         for s in range(start, end, BLOCK):
             cols = s + offs
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
             if LCAP > 0:
-                list_columns(xr, xf, cols, row, ids_ptr, cand_n, LCAP, LG)
+                list_columns(xr, xf, cols, goffs ^ list_group(s, LG), row, ids_ptr, cand_n, LCAP, LG)
             l = div_t(fp32_nonan(xr), t)
             xr = xr_next
             s_lane += tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0)
