@@ -220,18 +220,21 @@ TOP_P_MIN_P = [(0.8, 0, 0.9, 0.05), (0.9, 0, 0.9, 0.02), (1.3, 0, 0.5, 0.1), (0.
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_tokens(kind):
-    """With `lean_prelist` the hist pass also lists, for top-p rows with min-p, the columns above
-    a bound guessed from the block maxima; a lean row whose list holds its own bound's and did
-    not overflow is resolved from that list (counted in `prelisted_counter`): exact tokens, the
-    same lean and fallback counts as without the list, no row counted when the list is off, and
-    none for top-p rows without min-p."""
+    """With `lean_prelist` the hist pass also lists, for top-p rows with min-p (every top-p row
+    by default, see the next test), the columns above a bound guessed from the block maxima; a
+    lean row whose list holds its own bound's and did not overflow is resolved from that list
+    (counted in `prelisted_counter`): exact tokens, the same lean and fallback counts as without
+    the list, no row counted when the list is off, and none for top-p rows without min-p when
+    only min-p rows are listed."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 3)
     rows = TOP_P_MIN_P + [(0.8, 0, 0.9, 0.0)]
     x = logits(kind, len(rows), 1500, gen)
+    only_min_p = KernelConfig(lean_prelist_all=False)
     (on, n_on), (off, n_off), (split, n_split), (alone, n_alone) = [
         _paths_and_listed(x[:len(batch)], batch, cfg) for batch, cfg in (
-            (rows, DEFAULT), (rows, KernelConfig(lean_prelist=False)),
-            (rows, KernelConfig(splits=4, block=64, scan_cols=64)), (rows[-1:] * 4, DEFAULT))]
+            (rows, only_min_p), (rows, KernelConfig(lean_prelist=False)),
+            (rows, KernelConfig(lean_prelist_all=False, splits=4, block=64, scan_cols=64)),
+            (rows[-1:] * 4, only_min_p))]
     assert on == off == split == (len(rows), 0)
     assert n_on >= 2 and n_split >= 2 and n_off == 0
     assert alone == (4, 0) and n_alone == 0
@@ -239,18 +242,19 @@ def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_t
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens(kind):
-    """`lean_prelist_all` lists for top-p rows without min-p too, and `lean_prelist_room` sets
-    how many entries the guessed bound aims at: exact tokens and the same lean and fallback
-    counts as without the list; top-p-alone rows are listed once asked, and a room too small
-    for any row's bound covers fewer rows than the default one."""
+    """`lean_prelist_all` (the default) lists for top-p rows without min-p too, and
+    `lean_prelist_room` sets how many entries the guessed bound aims at: exact tokens and the
+    same lean and fallback counts as without the list; top-p-alone rows are listed, alike
+    through one counter or several, and a room too small for any row's bound covers fewer rows
+    than the default one."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 4)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    (off, _), (every, n_every), (small, n_small) = [
+    (off, _), (every, n_every), (small, n_small), (one, n_one) = [
         _paths_and_listed(x, TOP_P_ALONE, cfg) for cfg in (
-            KernelConfig(lean_prelist=False), KernelConfig(lean_prelist_all=True),
-            KernelConfig(lean_prelist_all=True, lean_prelist_room=8))]
-    assert off == every == small
-    assert n_every >= 2 and n_small < n_every
+            KernelConfig(lean_prelist=False), DEFAULT, KernelConfig(lean_prelist_room=8),
+            KernelConfig(list_groups=1))]
+    assert off == every == small == one
+    assert n_every >= 2 and n_small < n_every and n_one == n_every
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
