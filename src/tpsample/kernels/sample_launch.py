@@ -1,8 +1,9 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k; with
-min-p too, the hist pass also makes the lean pass's list (`sample_lean`)], one round
+(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k; the
+hist pass also makes the lean pass's list (`sample_lean`; by default for every such row, with
+`lean_prelist_all=False` only when one has min-p)], one round
 [round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
 drain_kernel (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.

@@ -19,15 +19,16 @@ certified by float64(mass above) < p * S <= float64(mass above + candidates' mas
 overflowed, or a bracket that does not certify, starts the exact search (stage HIST) and is
 counted in `fallbacks`. Rows resolved here are counted in `leans`.
 
-The guessed list (`KernelConfig.lean_prelist`, for top-p rows with min-p): the select kernel
-guesses an x bound from the block maxima (`sample_select.prelist_bound`: the k-th largest with
-k from `sample_launch.prelist_blocks`, or the range's lower edge when higher) and the hist pass
-lists x >= that bound as `lean_collect` would. A LEAN row whose guessed bound is at or below
-its own xf and whose list did not overflow is LISTED: it skips the lean pass and `after_lean`
-reads that list (its extra entries below L are dropped like the others). Measured on an H200
-(docs/benchmarks.md): listing costs the hist pass about what the skipped pass saves when the
-list holds ~3k entries (top-p alone), and saves 11-13% of the device time with min-p, whose
-threshold bounds the list; so it runs only for such rows.
+The guessed list (`KernelConfig.lean_prelist`; for every top-p row with `lean_prelist_all`, the
+default, else only for those with min-p): the select kernel guesses an x bound from the block
+maxima (`sample_select.prelist_bound`: the k-th largest with k from
+`sample_launch.prelist_blocks`, or the range's lower edge when higher) and the hist pass lists
+x >= that bound as `lean_collect` would. A LEAN row whose guessed bound is at or below its own
+xf and whose list did not overflow is LISTED: it skips the lean pass and `after_lean` reads
+that list (its extra entries below L are dropped like the others). Measured on an H200
+(docs/benchmarks.md): with one counter a row, listing ~3k entries (top-p alone) cost the hist
+pass what the skipped pass saved; with the list's appends through 4 counters
+(`KernelConfig.list_groups`, `sample_bracket.list_columns`) it saves 10-13 % of the device time.
 """
 import triton
 import triton.language as tl

@@ -33,9 +33,10 @@ HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_t
 
 def hints_from_bits(bits: int) -> RowHints:
     """RowHints from a bit field (bit i = HINT_FIELDS[i]); -1: unknown, every hint on that the
-    tokens need. `any_top_p_min_p` only adds work that speeds up top-p rows with min-p, and costs
-    top-p rows without it about 8 % of their device time when compiled in (docs/benchmarks.md):
-    unknown, it is off, as top-p alone is the usual request."""
+    tokens need. `any_top_p_min_p` only matters with `KernelConfig(lean_prelist_all=False)`,
+    where it compiles in the hist pass's list for top-p rows with min-p, which cost top-p rows
+    without it about 8 % of their device time (docs/benchmarks.md): unknown, it is off, as top-p
+    alone is the usual request."""
     if bits < 0:
         return RowHints(any_top_p_min_p=False)
     return RowHints(*(bool(bits >> i & 1) for i in range(len(HINT_FIELDS))))
