@@ -214,6 +214,20 @@ class RowHints:
     def __hash__(self):         # computed once: every launch of a call hashes its hints
         return self._hash
 
+
+def row_hints(temperature, top_k, top_p, min_p_on, vocab_size: int) -> RowHints:
+    """The RowHints of rows given alike as numpy arrays (host parameters) or tensors (one device
+    sync when they live on the GPU); min_p_on: which rows have min-p."""
+    sampled = temperature != 0
+    topk = (top_k > 0) & (top_k < vocab_size)
+    kp = sampled & (topk | (top_p < 1))
+    filt = kp | (sampled & min_p_on)
+    p_alone = sampled & (top_p < 1) & ~topk
+    flags = (filt, kp, ~sampled, sampled & ~filt, p_alone, p_alone & min_p_on)
+    if isinstance(temperature, torch.Tensor):
+        return RowHints(*(bool(f) for f in torch.stack([f.any() for f in flags]).tolist()))
+    return RowHints(*(bool(f.any()) for f in flags))
+
     @property
     def modes(self) -> int:
         return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)

@@ -42,18 +42,13 @@ from .config import (  # noqa: F401
     interpreting,
     kernels_available,
     num_splits,
+    row_hints,
 )
 
 
 def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
     """RowHints from the per-row parameter tensors (one device sync if they live on the GPU)."""
-    sampled = temperature != 0
-    kp = sampled & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1))
-    filt = kp | (sampled & (log_min_p > float("-inf")))
-    p_alone = sampled & (top_p < 1) & ~((top_k > 0) & (top_k < vocab_size))
-    flags = torch.stack([filt.any(), kp.any(), (~sampled).any(), (sampled & ~filt).any(), p_alone.any(),
-                         (p_alone & (log_min_p > float("-inf"))).any()]).tolist()
-    return RowHints(*(bool(f) for f in flags))
+    return row_hints(temperature, top_k, top_p, log_min_p > float("-inf"), vocab_size)
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..kernels.config import RowHints, kernels_wanted
+from ..kernels.config import kernels_wanted, row_hints
 from ..noise import SALT_DRAW
 from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch
@@ -48,14 +48,8 @@ def hints_from_host(host: HostRows, vocab_size: int):
     got = host.memo.get(("hints", vocab_size))
     if got is not None:
         return got
-    sampled = host.temperature != 0
-    kp = sampled & (((host.top_k > 0) & (host.top_k < vocab_size)) | (host.top_p < 1))
-    filt = kp | (sampled & (host.min_p > 0))
-    p_alone = sampled & (host.top_p < 1) & ~((host.top_k > 0) & (host.top_k < vocab_size))
-    got = host.memo[("hints", vocab_size)] = RowHints(
-        any_filter=bool(filt.any()), any_top_k_or_p=bool(kp.any()), any_greedy=bool((~sampled).any()),
-        any_plain=bool((sampled & ~filt).any()), any_top_p_alone=bool(p_alone.any()),
-        any_top_p_min_p=bool((p_alone & (host.min_p > 0)).any()))
+    got = host.memo[("hints", vocab_size)] = row_hints(host.temperature, host.top_k, host.top_p, host.min_p > 0,
+                                                       vocab_size)
     return got
 
 
