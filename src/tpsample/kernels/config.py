@@ -214,6 +214,10 @@ class RowHints:
     def __hash__(self):         # computed once: every launch of a call hashes its hints
         return self._hash
 
+    @property
+    def modes(self) -> int:
+        return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)
+
 
 def row_hints(temperature, top_k, top_p, min_p_on, vocab_size: int) -> RowHints:
     """The RowHints of rows given alike as numpy arrays (host parameters) or tensors (one device
@@ -227,7 +231,3 @@ def row_hints(temperature, top_k, top_p, min_p_on, vocab_size: int) -> RowHints:
     if isinstance(temperature, torch.Tensor):
         return RowHints(*(bool(f) for f in torch.stack([f.any() for f in flags]).tolist()))
     return RowHints(*(bool(f.any()) for f in flags))
-
-    @property
-    def modes(self) -> int:
-        return int(self.any_greedy) | 2 * int(self.any_plain) | 4 * int(self.any_filter)
