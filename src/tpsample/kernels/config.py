@@ -37,8 +37,8 @@ class KernelConfig:
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
-    lean_prelist: bool = True  # top-p + min-p, no top-k: the hist pass makes the lean list (sample_lean.py)
-    lean_prelist_all: bool = True      # ... for every top-p row without top-k (pays with list_groups 4)
+    lean_prelist: bool = True  # top-p, no top-k: the hist pass makes the lean list (sample_lean.py)
+    lean_prelist_all: bool = True      # ... for every such row (False: only those with min-p)
     lean_prelist_room: int = 3072      # entries a row the guessed list aims at (it holds up to 2 * cap)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     list_groups: int = 4       # counters a row's lean list appends through (atomics spread over addresses)
