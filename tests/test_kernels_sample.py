@@ -265,8 +265,7 @@ def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind, 
     counter, both for the lean pass's list and the hist pass's (several programs a row too)."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 5)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    for extra in ({}, {"lean_prelist_all": True}, {"lean_prelist_all": True, "splits": 4, "block": 64,
-                                                   "scan_cols": 64, "lean_block": 32}):
+    for extra in ({"lean_prelist_all": False}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
         one = _paths_and_listed(x, TOP_P_ALONE, KernelConfig(**extra))
         assert _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=groups, **extra)) == one
         assert one[0] == (len(TOP_P_ALONE), 0)
@@ -347,8 +346,8 @@ def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_paramete
 
 def test_unknown_hints_turn_on_every_path_the_tokens_need_but_not_the_min_p_list():
     """The ops' hints = -1 (device tensors, traced calls): every hint that decides which rows
-    the kernels handle is on; the top-p + min-p list, which only speeds those rows up and slows
-    top-p rows without min-p, is off. Known bits round-trip field by field."""
+    the kernels handle is on; the top-p + min-p hint, which only chooses work (the list for such
+    rows under `lean_prelist_all=False`), is off. Known bits round-trip field by field."""
     import dataclasses
 
     from tpsample.ops.table import HINT_FIELDS, hints_from_bits, hints_to_bits

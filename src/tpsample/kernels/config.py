@@ -129,8 +129,8 @@ _PRELISTED: dict = {}
 
 def prelisted_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: the lean rows whose column list the hist pass had already made (top-p
-    with min-p), so that they skipped the lean pass (kernels/sample_lean.py). A device tensor:
-    read it off the hot path."""
+    rows without top-k), so that they skipped the lean pass (kernels/sample_lean.py). A device
+    tensor: read it off the hot path."""
     return _device_counter(_PRELISTED, dev)
 
 
@@ -198,7 +198,7 @@ class RowHints:
     only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
     top-p (which may need several rounds), greedy rows, plain rows (temperature only), rows with
     top-p and no top-k (the bracket pass), and of those, rows with min-p (the hist pass's guessed
-    list, `KernelConfig.lean_prelist`).
+    list under `KernelConfig(lean_prelist_all=False)`).
     A hint may be True when no such row exists (slower), never False when one does; the last
     only chooses work, so a False one there costs speed, never exactness."""
     any_filter: bool = True

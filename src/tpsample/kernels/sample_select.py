@@ -139,8 +139,8 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
-                # the guessed list only with min-p, whose threshold bounds it (unless PRELIST_ALL):
-                # without, listing ~3k entries cost the hist pass what the skipped pass saved
+                # the guessed list for every such row (PRELIST_ALL), or only with min-p, whose
+                # threshold bounds it
                 k_pre = pre_k
                 if not PRELIST_ALL:
                     k_pre = tl.where(minp, pre_k, 0)
