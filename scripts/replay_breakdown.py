@@ -5,20 +5,24 @@ a graph launch + event + read); then, from a torch profiler trace, the device ti
 replay: first kernel start after the graph launch call, the busy span, the kernels' own time and
 the gaps between them; and the first two figures again once the profiler has run.
     python scripts/replay_breakdown.py [rows [case ...]]
+With WITH_FI=1, FlashInfer's sampling op runs once on the same logits first (is a process that
+loaded it slower?). Each case also gets the compare bench's own wall measure of the replay
+(`compare_wall`).
 Prints a table per case and ends with one JSON line."""
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-from tpsample.bench.compare import CASES, case_sampler
+from tpsample.bench.compare import CASES, _wall_us, case_sampler
 
 
 def parts_of_replay(step, n=40):
     """Median us of guard, release, graph launch, publish, bookkeeping, and the token read."""
-    names = ("guard", "release", "graph.replay", "publish", "note_step", "token_lists", "total")
+    names = ("guard", "release", "graph.replay", "publish", "note_step", "token_lists", "logprobs", "total")
     acc = {k: [] for k in names}
     for _ in range(n):
         torch.cuda.synchronize()
@@ -34,6 +38,8 @@ def parts_of_replay(step, n=40):
         step.sampler.store.history.note_step(step.plan.slots, step.plan.rows_per_req)
         t.append(time.perf_counter())
         out.token_lists()
+        t.append(time.perf_counter())
+        _ = out.logprobs
         t.append(time.perf_counter())
         for k, a, b in zip(names, t, t[1:]):
             acc[k].append((b - a) * 1e6)
@@ -112,6 +118,10 @@ def main():
     wanted = set(sys.argv[2:]) or {"greedy", "temperature", "topk_topp", "topp"}
     vocab = 151936
     x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 3
+    if os.environ.get("WITH_FI") == "1":
+        import flashinfer.sampling as fs
+        fs.sampling_from_logits(x / 0.8).tolist()
+        print("flashinfer loaded and run once")
     floor, anchor = null_graph(rows), eager_argmax(rows)
     print(f"null graph (one kernel + D2H copy + event + read): {floor} us; eager argmax().tolist(): {anchor} us")
     res = {"rows": rows, "null_graph_us": floor, "argmax_us": anchor, "cases": {}}
@@ -123,6 +133,11 @@ def main():
         for _ in range(5):
             step.replay().token_lists()
         parts = parts_of_replay(step)
+
+        def replay(step=step):
+            out = step.replay()
+            return lambda: (out.token_lists(), out.logprobs)
+        parts["compare_wall"] = round(_wall_us(replay, 21)[0], 1)
         tl_ = timeline(lambda step=step: step.replay().token_lists())
         res["cases"][case.name] = {"host": parts, "device": tl_}
         print(f"=== {case.name} ({rows} rows)")

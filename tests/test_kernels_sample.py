@@ -85,13 +85,18 @@ def test_each_configuration_alone(config):
 
 @pytest.mark.parametrize("plain_cols", [32, 512])
 def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(plain_cols):
-    """A batch of greedy and temperature-only rows is scanned in its own (shorter) steps; the
-    draw is exact at any step, including across several steps and programs per row."""
+    """A batch of greedy and temperature-only rows is scanned in its own (shorter) steps and
+    warps (`draw_scan_cols`, `draw_scan_warps`), a greedy-only batch in its own
+    (`plain_scan_cols`); the draw is exact at any step, including across several steps and
+    programs per row."""
     gen = torch.Generator().manual_seed(4)
     rows = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (2.5, 0, 1.0, 0.0)] * 2
     x = logits("randn", len(rows), 3000, gen)
-    for cfg in (KernelConfig(plain_scan_cols=plain_cols), KernelConfig(plain_scan_cols=plain_cols, splits=4)):
+    for cfg in (KernelConfig(draw_scan_cols=plain_cols), KernelConfig(draw_scan_cols=plain_cols, splits=4),
+                KernelConfig(draw_scan_cols=plain_cols, draw_scan_warps=4)):
         check(x, rows, cfg)
+    for cfg in (KernelConfig(plain_scan_cols=plain_cols), KernelConfig(plain_scan_cols=plain_cols, splits=4)):
+        check(x[:2], [GREEDY] * 2, cfg)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -255,6 +260,33 @@ def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens
             KernelConfig(list_groups=1))]
     assert off == every == small == one
     assert n_every >= 2 and n_small < n_every and n_one == n_every
+
+
+def _widened_of(x, rows, cfg):
+    """((lean rows, fallback rows), listed rows, widened rows) of one checked call."""
+    from tpsample.kernels.config import widened_counter
+    widened = widened_counter(torch.device(DEV))
+    before = int(widened.item())
+    paths, listed = _paths_and_listed(x, rows, cfg)
+    return paths, listed, int(widened.item()) - before
+
+
+@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+def test_a_histogram_narrowed_to_the_guessed_list_is_widened_where_it_may_miss_the_threshold(kind):
+    """`hist_narrow` counts a listed top-p row's histogram only from its guessed list's bound up;
+    a row whose counted entries may carry less than p of the mass is counted again over its whole
+    range (`widened_counter`) and bracketed again: exact tokens, and the same lean, listed and
+    fallback counts as the whole range, with a list too small for most rows (many widened) and
+    with the default one (several programs a row too)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 6)
+    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
+    for extra in ({"lean_prelist_room": 8}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
+        whole = _widened_of(x, TOP_P_ALONE, KernelConfig(hist_narrow=False, **extra))
+        narrow = _widened_of(x, TOP_P_ALONE, KernelConfig(**extra))
+        assert narrow[:2] == whole[:2] and whole[2] == 0
+        assert whole[0] == (len(TOP_P_ALONE), 0)
+        if extra:
+            assert narrow[2] >= 1 if "splits" in extra else narrow[2] >= len(TOP_P_ALONE) // 2
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])

@@ -200,7 +200,8 @@ class SamplerOutput:
 
     @property
     def logprobs(self) -> Optional[LogprobsOutput]:
-        return self._materialise()[5]
+        self._host_block()          # no tensor views of the block: reading this costs no torch op
+        return self._host_lp
 
     @property
     def device_sampled_token_ids(self) -> torch.Tensor:
