@@ -14,7 +14,7 @@ import sys
 import torch
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter, prelisted_counter, widened_counter
+from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter, prelisted_counter
 from tpsample.kernels.dispatch import sample_rows
 
 CASES = {   # temperature, top_k, top_p, min_p
@@ -44,7 +44,6 @@ VARIANTS = {
     "pl_all_lg8": (KernelConfig(lean_prelist_all=True, list_groups=8), P),
     "pl_all_r2048_lg8": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048, list_groups=8), P),
     "lb1024": (KernelConfig(lean_block=1024), P),
-    "wide": (KernelConfig(hist_narrow=False), P),      # the hist pass counts the whole range of every row
     "hskip": (KernelConfig(hist_skip=True), P),
     "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
     "rw1": (KernelConfig(row_warps=1), F),
@@ -65,8 +64,8 @@ VARIANTS = {
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
 PICK = [v for v in os.environ.get("VARIANTS", "").split(",") if v]  # VARIANTS=default,wide: only these
-OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "widen_hist_kernel", "round_kernel",
-        "finish_kernel", "drain_kernel")
+OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
+        "drain_kernel")
 
 
 def args_for(case, rows, vocab, gen):
@@ -109,13 +108,12 @@ def main():
             for name, (cfg, cases) in VARIANTS.items():
                 if (cases is not None and case not in cases) or name in SKIP or (PICK and name not in PICK):
                     continue
-                counters = (lean_counter("cuda"), prelisted_counter("cuda"), fallback_counter("cuda"),
-                            widened_counter("cuda"))
+                counters = (lean_counter("cuda"), prelisted_counter("cuda"), fallback_counter("cuda"))
                 before = [int(c.item()) for c in counters]
                 got = sample_rows(*a, cfg=cfg)[0]
                 paths = tuple(int(c.item()) - b for c, b in zip(counters, before))
                 kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))
-                kernels[name]["lean_rows, prelisted_rows, fallback_rows, widened_rows"] = paths
+                kernels[name]["lean_rows, prelisted_rows, fallback_rows"] = paths
                 line[name] = (round(sum(v for v in kernels[name].values() if isinstance(v, float)), 1),
                               bool(torch.equal(got, want)))
             best = min(line, key=lambda n: line[n][0])

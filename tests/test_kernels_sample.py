@@ -262,33 +262,6 @@ def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens
     assert n_every >= 2 and n_small < n_every and n_one == n_every
 
 
-def _widened_of(x, rows, cfg):
-    """((lean rows, fallback rows), listed rows, widened rows) of one checked call."""
-    from tpsample.kernels.config import widened_counter
-    widened = widened_counter(torch.device(DEV))
-    before = int(widened.item())
-    paths, listed = _paths_and_listed(x, rows, cfg)
-    return paths, listed, int(widened.item()) - before
-
-
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_a_histogram_narrowed_to_the_guessed_list_is_widened_where_it_may_miss_the_threshold(kind):
-    """`hist_narrow` counts a listed top-p row's histogram only from its guessed list's bound up;
-    a row whose counted entries may carry less than p of the mass is counted again over its whole
-    range (`widened_counter`) and bracketed again: exact tokens, and the same lean, listed and
-    fallback counts as the whole range, with a list too small for most rows (many widened) and
-    with the default one (several programs a row too)."""
-    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 6)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    for extra in ({"lean_prelist_room": 8}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
-        whole = _widened_of(x, TOP_P_ALONE, KernelConfig(hist_narrow=False, **extra))
-        narrow = _widened_of(x, TOP_P_ALONE, KernelConfig(**extra))
-        assert narrow[:2] == whole[:2] and whole[2] == 0
-        assert whole[0] == (len(TOP_P_ALONE), 0)
-        if extra:
-            assert narrow[2] >= 1 if "splits" in extra else narrow[2] >= len(TOP_P_ALONE) // 2
-
-
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
 @pytest.mark.parametrize("groups", [2, 8])
 def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind, groups):

@@ -44,7 +44,6 @@ class KernelConfig:
     lean_prelist_room: int = 3072      # entries a row the guessed list aims at (it holds up to 2 * cap)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     list_groups: int = 4       # counters a row's lean list appends through (atomics spread over addresses)
-    hist_narrow: bool = True   # a listed top-p row's histogram spans only its list's range (sample_bracket.py)
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
@@ -68,7 +67,7 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip", "hist_narrow"):
+        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
@@ -136,16 +135,6 @@ def prelisted_counter(dev) -> torch.Tensor:
     rows without top-k), so that they skipped the lean pass (kernels/sample_lean.py). A device
     tensor: read it off the hot path."""
     return _device_counter(_PRELISTED, dev)
-
-
-_WIDENED: dict = {}
-
-
-def widened_counter(dev) -> torch.Tensor:
-    """[1] int32 on `dev`: the top-p rows whose histogram, narrowed to their guessed list's range,
-    could not place the threshold, so that they took the widen pass over their whole range
-    (kernels/sample_bracket.py). A device tensor: read it off the hot path."""
-    return _device_counter(_WIDENED, dev)
 
 
 def interpreting() -> bool:

@@ -38,7 +38,6 @@ from .sample_state import (
     DONE,
     LEAN,
     LISTED,
-    WIDEN,
     append_candidates,
     draw_candidates,
     start_search,
@@ -77,14 +76,13 @@ def bin_of(l, lo, inv, NBH: tl.constexpr):
 
 @triton.jit
 def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl.constexpr):
-    """(first bin, last bin, count, upward, held): the candidates are the entries of bins first..last; bins
+    """(first bin, last bin, count, upward): the candidates are the entries of bins first..last; bins
     below `first` hold only dropped entries; entries of bins above `last` are all kept (their
     mass and winner come from the collect pass). v* lies in the bins that neither surely hold a
     kept entry nor surely none; when every entry from `first` up numbers at most ALL, last is
     the top bin (no entry above: the finish resolves everything from the candidates), else the
     last bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
-    units, 2**shift per unit of exp). held: whether the entries in range surely carry the target
-    (then every entry below the range is dropped, whatever lo is).
+    units, 2**shift per unit of exp).
 
     ALL is small (KernelConfig.bracket_all): the finish then resolves ~100 bracket candidates
     instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
@@ -108,11 +106,10 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl
     first = tl.max(tl.where(dropped_sure, b, -1), axis=0) + 1
     upward = tl.sum(tl.where(b >= first, h, 0), axis=0)
     count = tl.sum(tl.where((b >= first) & (b <= last), h, 0), axis=0)
-    held = tl.sum(lo_mass, axis=0) >= target * (1.0 + 1e-9)
     if upward <= ALL:
         last = NBH - 1
         count = upward
-    return first, last, count, upward, held
+    return first, last, count, upward
 
 
 @triton.jit
@@ -241,27 +238,17 @@ def x_bound(L, t):
 
 @triton.jit
 def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
-                   st_count, st_lean_l, st_xf, cand_n, prelisted, st_wlo, widened, NSPLIT: tl.constexpr,
-                   ALL: tl.constexpr, NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr,
-                   PRELIST: tl.constexpr, LG: tl.constexpr, NARROW: tl.constexpr, SECOND: tl.constexpr):
+                   st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT: tl.constexpr, ALL: tl.constexpr,
+                   NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr,
+                   LG: tl.constexpr):
     """The bracket of each BRACKET row, once (the collect programs and the finish read it). With
     LCAP > 0, a row whose entries from the bracket's first bin up fit LCAP (less 1/16 for the
     few that the x bound lets in below L) and whose candidates fit CAP becomes LEAN
     (sample_lean.py); LISTED instead (counted in `prelisted`) when PRELIST and the hist pass's
     list {x >= its bound} holds every x >= the row's xf and did not overflow. Every other
-    BRACKET row's counters are zeroed for its third pass.
-
-    NARROW (the select kernel started a listed row's range at its list's L, above the proven
-    lo kept in st_wlo): a narrowed row whose entries in range may carry less than the target
-    may have v* below the range; it takes its whole range again (stage WIDEN, counted in `widened`, its
-    histogram zeroed, its list kept), the widen pass counts it (`widen_hist_kernel`), and this
-    kernel runs again with SECOND for the WIDEN rows only, as for any BRACKET row."""
+    BRACKET row's counters are zeroed for its third pass."""
     row = tl.program_id(0)
-    if SECOND:
-        todo = tl.load(st_stage + row) == WIDEN
-    else:
-        todo = tl.load(st_stage + row) == BRACKET
-    if todo:
+    if tl.load(st_stage + row) == BRACKET:
         if PRELIST:
             n_pre = list_depth(cand_n, row, LG)
             xf_pre = tl.load(st_xf + row)
@@ -269,56 +256,24 @@ def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_pt
         lo = tl.load(st_hlo + row)
         inv = tl.load(st_hinv + row)
         m = tl.load(st_m + row)
-        first, last, count, upward, held = bracket(hist_ptr, row, lo, inv, m,
+        first, last, count, upward = bracket(hist_ptr, row, lo, inv, m,
                                              target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
+        tl.store(st_first + row, first)
+        tl.store(st_last + row, last)
+        tl.store(st_count + row, count)
         stage = tl.full((), BRACKET, tl.int32)
-        if NARROW:  # noqa: SIM102 - compile-time (constexpr) tests
-            if not SECOND:
-                wlo = tl.load(st_wlo + row)
-                if (wlo < lo) & ~held:              # v* may lie below the narrowed range
-                    tl.debug_barrier()              # the histogram was read before it is zeroed
-                    tl.store(st_hlo + row, wlo)
-                    tl.store(st_hinv + row, 1.0 / tl.maximum(m - wlo, 1e-30))
-                    tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
-                    tl.atomic_add(widened, 1)
-                    stage = tl.full((), WIDEN, tl.int32)
-        if stage != WIDEN:
-            tl.store(st_first + row, first)
-            tl.store(st_last + row, last)
-            tl.store(st_count + row, count)
-            if (LCAP > 0) & lean_fits(upward, LCAP, LG) & (count <= CAP):
-                L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
-                tl.store(st_lean_l + row, L)
-                tl.store(st_xf + row, xf)
-                stage = tl.full((), LEAN, tl.int32)
-                if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
-                    if (xf_pre <= xf) & (n_pre <= LCAP // LG):      # {x >= xf_pre} holds {x >= xf}
-                        stage = tl.full((), LISTED, tl.int32)
-                        tl.atomic_add(prelisted, 1)
-            if stage != LISTED:
-                zero_counters(cand_n, row)
-        tl.store(st_stage + row, stage)
-
-
-@triton.jit(do_not_specialize=["col_offset"])
-def widen_hist_kernel(x_ptr, stride, ncols, t_ptr, st_stage, st_hlo, st_hinv, hist_ptr, CHUNK: tl.constexpr,
-                      BLOCK: tl.constexpr, NBH: tl.constexpr):
-    """The widen pass (rows x splits): the counts per bin of a WIDEN row over its whole range
-    (S and the list are the hist pass's); other rows return at once."""
-    row = tl.program_id(0)
-    if tl.load(st_stage + row) == WIDEN:
-        start = tl.program_id(1) * CHUNK
-        end = tl.minimum(start + CHUNK, ncols)
-        row_off = row.to(tl.int64) * stride
-        t = tl.load(t_ptr + row)
-        lo = tl.load(st_hlo + row)
-        inv = tl.load(st_hinv + row)
-        hrow = hist_ptr + row.to(tl.int64) * NBH
-        offs = tl.arange(0, BLOCK)
-        for s in range(start, end, BLOCK):
-            xr = tl.load(x_ptr + row_off + s + offs, mask=s + offs < end, other=NEG_INF)
-            l = div_t(fp32_nonan(xr), t)
-            tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=l >= lo, sem="relaxed")
+        if (LCAP > 0) & lean_fits(upward, LCAP, LG) & (count <= CAP):
+            L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
+            tl.store(st_lean_l + row, L)
+            tl.store(st_xf + row, xf)
+            stage = tl.full((), LEAN, tl.int32)
+            if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
+                if (xf_pre <= xf) & (n_pre <= LCAP // LG):      # {x >= xf_pre} holds {x >= xf}
+                    stage = tl.full((), LISTED, tl.int32)
+                    tl.atomic_add(prelisted, 1)
+            tl.store(st_stage + row, stage)
+        if stage != LISTED:
+            zero_counters(cand_n, row)
 
 
 @triton.jit

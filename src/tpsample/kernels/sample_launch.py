@@ -3,9 +3,7 @@
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
 (rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k; the
 hist pass also makes the lean pass's list (`sample_lean`; by default for every such row, with
-`lean_prelist_all=False` only when one has min-p), and with that list (`hist_narrow`)
-widen_hist_kernel (rows x splits) and bracket_kernel again, for the rows whose narrowed range
-did not place the threshold], one round
+`lean_prelist_all=False` only when one has min-p)], one round
 [round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
 drain_kernel (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
@@ -29,10 +27,9 @@ from .config import (
     lean_counter,
     num_splits,
     prelisted_counter,
-    widened_counter,
 )
 from .launcher import Launcher, stream_scratch
-from .sample_bracket import bracket_kernel, hist_kernel, widen_hist_kernel
+from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_rounds import round_kernel
@@ -40,9 +37,9 @@ from .sample_scan import scan_kernel
 from .sample_select import select_kernel
 from .sample_state import CN
 
-SCAN, SELECT, HIST, BRACKET, WIDEN_HIST, ROUND, FINISH, DRAIN = (
-    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, widen_hist_kernel, round_kernel,
-                          finish_kernel, drain_kernel))
+SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
+                          drain_kernel))
 CN_STRIDE = CN.value         # int32s between two rows' candidate counters
 
 
@@ -64,7 +61,7 @@ class Workspace:
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
-                  ("xf", rows, f32), ("wlo", rows, f32)]
+                  ("xf", rows, f32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -178,7 +175,6 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     nw = cfg.num_warps
     prelist = (cfg.lean and cfg.lean_prelist and hints.any_top_p_alone
                and (cfg.lean_prelist_all or hints.any_top_p_min_p))
-    narrow = prelist and cfg.hist_narrow
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
@@ -186,9 +182,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
-           ws.wlo, prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap,
-           P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, NARROW=narrow,
-           num_warps=cfg.row_warps)
+           prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots,
+           NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so
@@ -203,17 +198,10 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                     BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
                     HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0, LG=cfg.list_groups,
                     num_warps=cfg.hist_warps or nw)
-            # a narrowed row that needs its whole range: the widen pass, then its bracket again
-            for second in (False, True) if narrow else (False,):
-                if second:
-                    WIDEN_HIST.at(site, (rows, splits), x, x.stride(0), cols, t, ws.stage, ws.hlo, ws.hinv, ws.hist,
-                                  CHUNK=chunk, BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins,
-                                  num_warps=cfg.hist_warps or nw)
-                BRACKET.at((site, second), (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass,
-                           ws.bfirst, ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev),
-                           ws.wlo, widened_counter(dev), NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap),
-                           NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap, PRELIST=prelist, LG=cfg.list_groups,
-                           NARROW=narrow, SECOND=second, num_warps=cfg.row_warps)
+            BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
+                       ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,
+                       ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap,
+                       PRELIST=prelist, LG=cfg.list_groups, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

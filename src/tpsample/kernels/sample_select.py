@@ -74,16 +74,13 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 
 @triton.jit
 def prelist_bound(bmax_ptr, row, nblk, pre_k, lo, t, NBP: tl.constexpr):
-    """(L, xf) of the hist pass's guessed list for a top-p row (sample_lean.py): L the pre_k-th
-    largest block maximum, or lo when higher, and xf its x bound (every l >= L has x >= xf);
-    (lo, NaN: nothing listed) when pre_k is 0, without the search for the k-th maximum (a
-    bisection over the block maxima)."""
-    L = lo
+    """The x bound of the hist pass's guessed list for a top-p row (sample_lean.py): that of the
+    pre_k-th largest block maximum, or of lo when higher; NaN (nothing listed) when pre_k is 0,
+    without the search for the k-th maximum (a bisection over the block maxima)."""
     xf = tl.full((), float("nan"), tl.float32)
     if pre_k > 0:
-        L = tl.maximum(kth_block_max(bmax_ptr, row, nblk, pre_k, NBP), lo)
-        xf = x_bound(L, t)
-    return L, xf
+        xf = x_bound(tl.maximum(kth_block_max(bmax_ptr, row, nblk, pre_k, NBP), lo), t)
+    return xf
 
 
 @triton.jit
@@ -103,11 +100,9 @@ def raw_argmax(xrow, ncols):
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, st_wlo, pre_k,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, pre_k,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, NBH: tl.constexpr, PRELIST_ALL: tl.constexpr, NARROW: tl.constexpr):
-    """NARROW: a listed top-p row's histogram range starts at its guessed list's L instead of
-    lo (the whole range is kept in st_wlo for the bracket kernel's widening, sample_bracket.py)."""
+                  NB: tl.constexpr, NBH: tl.constexpr, PRELIST_ALL: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -141,21 +136,15 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
             tl.store(st_tkey + row, tkey)
             if topp & ~topk:
                 lo, inv = range_for_top_p(m, t1, p, block_max_sum(bmax_ptr, row, nblk, m, NBP), minp, ncols)
+                tl.store(st_hlo + row, lo)
+                tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
                 # the guessed list for every such row (PRELIST_ALL), or only with min-p, whose
                 # threshold bounds it
                 k_pre = pre_k
                 if not PRELIST_ALL:
                     k_pre = tl.where(minp, pre_k, 0)
-                L_pre, xf_pre = prelist_bound(bmax_ptr, row, nblk, k_pre, lo, tl.load(t_ptr + row), NBP)
-                tl.store(st_xf + row, xf_pre)
-                if NARROW:
-                    tl.store(st_wlo + row, lo)
-                    if L_pre > lo:
-                        lo = L_pre
-                        inv = 1.0 / tl.maximum(m - lo, 1e-30)
-                tl.store(st_hlo + row, lo)
-                tl.store(st_hinv + row, inv)
+                tl.store(st_xf + row, prelist_bound(bmax_ptr, row, nblk, k_pre, lo, tl.load(t_ptr + row), NBP))
                 stage = tl.full((), BRACKET, tl.int32)
             elif topk:
                 tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)

@@ -16,9 +16,6 @@ A row moves through stages, each one streaming pass (round_kernel) plus one per-
 - LEAN: a BRACKET row with few entries from the bracket up: its third pass only lists columns
   and a per-row step resolves them (sample_lean.py); a row that does not certify starts HIST.
 - LISTED: a LEAN row whose list the hist pass already made (sample_lean.py): no third pass.
-- WIDEN: a BRACKET row whose histogram range, narrowed to its guessed list's, may not hold the
-  threshold: it is counted over its whole range (the widen pass), then bracketed again
-  (sample_bracket.py). No row is WIDEN after the second bracket kernel.
 All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
 of the definition no matter how the search went.
 """
@@ -29,9 +26,8 @@ from .rng_triton import gumbel
 from .tlutil import BIG_ID32, KEY_NEG_INF, argmax_pair, key_to_float, order_key
 
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-DONE, COLLECT, DRAW, HIST, BRACKET, LEAN, LISTED, WIDEN = (
-    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4), tl.constexpr(5),
-    tl.constexpr(6), tl.constexpr(7))
+DONE, COLLECT, DRAW, HIST, BRACKET, LEAN, LISTED = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
+                                                   tl.constexpr(3), tl.constexpr(4), tl.constexpr(5), tl.constexpr(6))
 PHASE_TOPP, FAST, FIRST = tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
 # int32s between two rows' candidate counters: one 128-byte line each, so the appends of
 # different rows never queue on one line (measured on an H200 with one atomic per step: no
