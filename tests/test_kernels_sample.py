@@ -92,11 +92,20 @@ def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(pl
     gen = torch.Generator().manual_seed(4)
     rows = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (2.5, 0, 1.0, 0.0)] * 2
     x = logits("randn", len(rows), 3000, gen)
-    for cfg in (KernelConfig(draw_scan_cols=plain_cols), KernelConfig(draw_scan_cols=plain_cols, splits=4),
-                KernelConfig(draw_scan_cols=plain_cols, draw_scan_warps=4)):
+    for cfg in (KernelConfig(draw_scan_cols=plain_cols), KernelConfig(draw_scan_cols=plain_cols, splits=4)):
         check(x, rows, cfg)
     for cfg in (KernelConfig(plain_scan_cols=plain_cols), KernelConfig(plain_scan_cols=plain_cols, splits=4)):
         check(x[:2], [GREEDY] * 2, cfg)
+
+
+def test_temperature_only_batches_take_one_warp_short_steps_on_cuda_and_the_plain_steps_elsewhere():
+    """The draw shape (`draw_scan_cols` None): 256-column steps on one warp on CUDA; under the
+    interpreter, whose cost is per step, the plain batches' steps; a set value holds anywhere."""
+    from tpsample.kernels.sample_launch import draw_config, plain_config
+    on_cuda, elsewhere = draw_config(DEFAULT, True), draw_config(DEFAULT, False)
+    assert (on_cuda.scan_cols, on_cuda.scan_warps) == (256, 1)
+    assert elsewhere.scan_cols == plain_config(DEFAULT).scan_cols == 512
+    assert draw_config(KernelConfig(draw_scan_cols=64), False).scan_cols == 64
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

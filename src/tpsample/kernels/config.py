@@ -29,7 +29,8 @@ class KernelConfig:
     filter_block: int = 128    # at most this for batches with a filter row
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     plain_scan_cols: int = 512     # at most this for batches with no filter row (greedy, temperature only)
-    draw_scan_cols: int = 256      # ... and at most this when one of them is temperature only (the scan draws)
+    draw_scan_cols: int | None = None  # ... and at most this when one is temperature only (the scan draws);
+    #                                    None: 256 on CUDA, plain_scan_cols elsewhere (the interpreter pays per step)
     draw_scan_warps: int = 1       # the scan's warps then
     cap: int = 2048
     small: int = 256
@@ -85,7 +86,7 @@ _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plai
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
                 "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
                 "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32}
-_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps"}
+_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps", "draw_scan_cols"}
 
 
 def _cache_hash(obj) -> None:
