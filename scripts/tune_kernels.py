@@ -5,7 +5,7 @@ kernels per call (torch profiler; the host-side parameter conversions of this lo
 point are left out) and of each kernel, with a check that every variant gives the default's
 tokens, and how many rows took the lean top-p pass (of them, how many the hist pass had already
 listed) or fell back to the exact search.
-    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,wide] python scripts/tune_kernels.py [rows ...]
+    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,draw_w4c512] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line."""
 import json
 import os
@@ -63,7 +63,7 @@ VARIANTS = {
 }
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
-PICK = [v for v in os.environ.get("VARIANTS", "").split(",") if v]  # VARIANTS=default,wide: only these
+PICK = [v for v in os.environ.get("VARIANTS", "").split(",") if v]  # VARIANTS=default,draw_w4c512: only these
 OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
         "drain_kernel")
 

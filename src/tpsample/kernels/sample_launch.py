@@ -104,7 +104,9 @@ def workspace_for(rows, splits, nblk, cfg, dev) -> Workspace:
 def workspace_bytes(rows: int, cols: int, cfg: KernelConfig, device) -> int:
     """Bytes of the sample_rows workspace for this shape (the kernels' only extra memory), for
     the larger of the filter and plain launch shapes."""
-    splits = max(num_splits(rows, cols, device, c) for c in (filter_config(cfg), plain_config(cfg), draw_config(cfg)))
+    cuda = torch.device(device).type == "cuda"
+    shapes = (filter_config(cfg), plain_config(cfg), draw_config(cfg, cuda))
+    splits = max(num_splits(rows, cols, device, c) for c in shapes)
     nblk = math.ceil(cols / block_max_cols(cols, cfg))
     return Workspace(rows, splits, nblk, cfg, torch.device("meta")).nbytes
 
@@ -118,16 +120,21 @@ def plain_config(cfg: KernelConfig) -> KernelConfig:
     return dataclasses.replace(cfg, scan_cols=min(cfg.scan_cols, cfg.plain_scan_cols))
 
 
+DRAW_SCAN_COLS_CUDA = 256      # `draw_scan_cols` None on CUDA
+
+
 @functools.lru_cache(maxsize=16)
-def draw_config(cfg: KernelConfig, cuda: bool = True) -> KernelConfig:
+def draw_config(cfg: KernelConfig, cuda: bool) -> KernelConfig:
     """The launch shape of a batch with a temperature-only row and no filter row (the scan draws
     the token): steps of at most `draw_scan_cols` and `draw_scan_warps` warps, so the per-step
     "may an entry win?" reduction stays inside one warp (measured on an H200, temperature only at
     256 x 151,936: 108 -> 101 us of device time against `plain_config`'s 512 columns and 4 warps).
-    `draw_scan_cols` None is 256 on CUDA and `plain_scan_cols` elsewhere: the interpreter's cost
-    is per step, not per entry. Greedy-only batches keep `plain_config`."""
+    `draw_scan_cols` None is DRAW_SCAN_COLS_CUDA on CUDA and `plain_scan_cols` elsewhere: the
+    interpreter's cost is per step, not per entry. Greedy-only batches keep `plain_config`."""
     plain = plain_config(cfg)
-    cols = cfg.draw_scan_cols if cfg.draw_scan_cols is not None else 256 if cuda else plain.scan_cols
+    cols = cfg.draw_scan_cols
+    if cols is None:
+        cols = DRAW_SCAN_COLS_CUDA if cuda else plain.scan_cols
     return dataclasses.replace(plain, scan_cols=min(plain.scan_cols, cols), scan_warps=cfg.draw_scan_warps)
 
 
