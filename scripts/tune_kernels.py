@@ -5,8 +5,9 @@ kernels per call (torch profiler; the host-side parameter conversions of this lo
 point are left out) and of each kernel, with a check that every variant gives the default's
 tokens, and how many rows took the lean top-p pass (of them, how many the hist pass had already
 listed) or fell back to the exact search.
-    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,draw_w4c512] python scripts/tune_kernels.py [rows ...]
-Prints a table per size and ends with one JSON line."""
+    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,draw_w4c512] [TOKENS=f.pt] python scripts/tune_kernels.py [rows ...]
+Prints a table per size and ends with one JSON line. TOKENS=f.pt saves the default's tokens per
+case and size (torch.save), to compare two versions of the code run one after the other."""
 import json
 import os
 import sys
@@ -96,7 +97,7 @@ def per_kernel(fn, n=10):
 def main():
     sizes = [int(a) for a in sys.argv[1:]] or [32, 256, 1024]
     vocab = 151936
-    results = []
+    results, tokens = [], {}
     for rows in sizes:
         print(f"=== {rows} rows x {vocab}")
         for ci, case in enumerate(CASES):
@@ -104,6 +105,7 @@ def main():
                 continue
             a = args_for(case, rows, vocab, torch.Generator("cuda").manual_seed(rows * 10 + ci))
             want = sample_rows(*a)[0]
+            tokens[f"{case}/{rows}"] = want.cpu()
             line, kernels = {}, {}
             for name, (cfg, cases) in VARIANTS.items():
                 if (cases is not None and case not in cases) or name in SKIP or (PICK and name not in PICK):
@@ -123,6 +125,8 @@ def main():
             results.append({"rows": rows, "case": case, "us": {n: v[0] for n, v in line.items()},
                             "same_tokens": {n: v[1] for n, v in line.items()}, "best": best, "kernels": kernels})
             sys.stdout.flush()
+    if os.environ.get("TOKENS"):
+        torch.save(tokens, os.environ["TOKENS"])
     print(json.dumps({"bench": "tune_kernels", "vocab": vocab, "results": results}))
 
 

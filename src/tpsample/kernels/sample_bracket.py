@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_scan import fp32_nonan, may_win
+from .sample_scan import may_win
 from .sample_state import (
     BRACKET,
     CN,
@@ -47,12 +47,17 @@ from .tlutil import (
     BIG_ID32,
     NEG_INF,
     argmax_pair,
+    claim_where,
+    count_where,
+    div_by,
     div_t,
     fexp,
+    kept_mass,
     key_to_float,
     mass,
     min_key_mass_below,
     pair_max,
+    store_where,
 )
 
 
@@ -136,9 +141,24 @@ def list_columns(xr, xf, cols, g, row, ids_ptr, cand_n, LCAP: tl.constexpr, LG: 
     one warp instruction append through different counters and their atomics do not queue on
     one address). Group g's i-th entry takes slot i * LG + g; past LCAP / LG a group counts, does
     not store (`list_depth` sees it)."""
+    sel, pos = list_claim(xr, xf, g, row, cand_n, LG, False)
+    list_store(sel, pos, g, cols, row, ids_ptr, LCAP, LG, False)
+
+
+@triton.jit
+def list_claim(xr, xf, g, row, cand_n, LG: tl.constexpr, PTX: tl.constexpr):
+    """`list_columns`'s first half: (listed, slot index in its group) of each lane. A streaming
+    pass does its other work before `list_store`, which waits for the atomics' return. PTX:
+    `tlutil.claim_where`'s per-lane PTX (CUDA only)."""
     sel = xr.to(tl.float32) >= xf
-    pos = tl.atomic_add(cand_n + row * CN + g * (CN // LG), 1, mask=sel, sem="relaxed")   # read after the kernel
-    tl.store(ids_ptr + row.to(tl.int64) * LCAP + pos * LG + g, cols, mask=sel & (pos < LCAP // LG))
+    pos = claim_where(cand_n + row * CN + g * (CN // LG), sel, PTX)    # read after the kernel
+    return sel, pos
+
+
+@triton.jit
+def list_store(sel, pos, g, cols, row, ids_ptr, LCAP: tl.constexpr, LG: tl.constexpr, PTX: tl.constexpr):
+    """`list_columns`'s second half: the claimed slots take their columns."""
+    store_where(ids_ptr + row.to(tl.int64) * LCAP + pos * LG + g, cols, sel & (pos < LCAP // LG), PTX)
 
 
 @triton.jit
@@ -173,15 +193,67 @@ def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
     return (idx // LG) < tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))
 
 
+@triton.jit
+def fast_division_ok(t, m, t_lo):
+    """Whether the hist pass of a row may divide by T with `tlutil.div_by` (x * y and two FMAs)
+    instead of `div_t`: T in [2**-20, 2**20], 2**-50 <= |m| <= 2**78, and min-p's t_lo off or
+    |t_lo| >= 2**-70. Then every x gives the same mass and the same `l >= t_lo` as IEEE x / T:
+    2**-100 <= |x| <= 2**100 and x = 0 divide exactly; a smaller |x| gives |l| < 2**-79 either
+    way, which leaves l - m at -m (|l| < ulp(m) / 4) and l on the same side of t_lo; a larger
+    finite |x| is negative (x / T <= m), and x / T < -2**80 is below m - 32 (mass 0) and below
+    any finite t_lo (>= m + log(min_p) > -2**79); the fast result is then -2**80 or less, or NaN
+    (which fails every test, as -inf does), so its mass is 0 too. The bins
+    may differ for such rows' extreme entries: they only choose which entries the finish
+    examines, and it certifies exactly (else the exact search)."""
+    am = tl.abs(m)
+    return ((t >= 9.5367431640625e-07) & (t <= 1048576.0) & (am >= 8.881784197001252e-16)
+            & (am <= 3.022314549036573e+23) & ((t_lo == NEG_INF) | (tl.abs(t_lo) >= 8.470329472543003e-22)))
+
+
+@triton.jit
+def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr, cand_n,
+               BLOCK: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr,
+               LCAP: tl.constexpr, LG: tl.constexpr, PTX: tl.constexpr, FAST: tl.constexpr):
+    """The hist pass over columns [start, end) of a row: its mass (int64), its bins counted, its
+    columns x >= xf listed (LCAP > 0). FAST: x / T by `div_by` with y = 1 / T."""
+    s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
+    offs = tl.arange(0, BLOCK)
+    goffs = list_group(offs, LG)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
+    for s in range(start, end, BLOCK):
+        cols = s + offs
+        xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        if LCAP > 0:    # the list's slots are claimed first and written last: the step's
+            g = goffs ^ list_group(s, LG)       # work hides the atomics' round trip
+            sel, pos = list_claim(xr, xf, g, row, cand_n, LG, PTX)
+        if FAST:
+            l = div_by(xr.to(tl.float32), t, y)
+        else:
+            l = div_t(xr.to(tl.float32), t)     # a NaN x stays NaN: every test below fails for it
+        xr = xr_next
+        s_lane += kept_mass(l, l >= t_lo, m, scale, EXACT_EXP)
+        inr = l >= lo
+        if HIST_SKIP:
+            if tl.sum(inr.to(tl.int32), axis=0) > 0:
+                count_where(hrow + bin_of(l, lo, inv, NBH), inr, PTX)
+        else:
+            count_where(hrow + bin_of(l, lo, inv, NBH), inr, PTX)
+        if LCAP > 0:
+            list_store(sel, pos, g, cols, row, ids_ptr, LCAP, LG, PTX)
+    return tl.sum(s_lane, axis=0)
+
+
 @triton.jit(do_not_specialize=["col_offset"])
-def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
+def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
                 p_mass, st_xf, ids_ptr, cand_n, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                 NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LCAP: tl.constexpr,
-                LG: tl.constexpr):
+                LG: tl.constexpr, PTX: tl.constexpr):
     """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
     test per block whether any entry is in range before the atomics (else masked atomics).
     LCAP > 0: also the lean pass's list for the select kernel's guessed bound st_xf (NaN: none;
-    see "The guessed list" in sample_lean.py)."""
+    see "The guessed list" in sample_lean.py). PTX (compiled for CUDA): the atomics and the
+    list's stores as per-lane predicated PTX (`tlutil.count_where`), and x / T without a
+    division where `fast_division_ok` (the interpreter runs tl.atomic_add and div_rn)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         part = row * NSPLIT + tl.program_id(1)
@@ -194,27 +266,21 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, one, st_stage, st_m, st_tkey
         inv = tl.load(st_hinv + row)
         t_lo = key_to_float(tl.load(st_tkey + row))
         hrow = hist_ptr + row.to(tl.int64) * NBH
+        xf = 0.0
         if LCAP > 0:
             xf = tl.load(st_xf + row)
-        s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
-        offs = tl.arange(0, BLOCK)
-        goffs = list_group(offs, LG)
-        xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
-        for s in range(start, end, BLOCK):
-            cols = s + offs
-            xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
-            if LCAP > 0:
-                list_columns(xr, xf, cols, goffs ^ list_group(s, LG), row, ids_ptr, cand_n, LCAP, LG)
-            l = div_t(fp32_nonan(xr), t)
-            xr = xr_next
-            s_lane += tl.where(l >= t_lo, mass(l, m, scale, one, EXACT_EXP), 0)
-            inr = l >= lo
-            if HIST_SKIP:
-                if tl.sum(inr.to(tl.int32), axis=0) > 0:
-                    tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
+        if PTX:
+            y = tl.div_rn(1.0, t)
+            if fast_division_ok(t, m, t_lo):
+                total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, True)
             else:
-                tl.atomic_add(hrow + bin_of(l, lo, inv, NBH), 1, mask=inr, sem="relaxed")
-        tl.store(p_mass + part, tl.sum(s_lane, axis=0))
+                total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)
+        else:
+            total = _hist_span(x_ptr, row_off, start, end, t, t, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                               cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)
+        tl.store(p_mass + part, total)
 
 
 @triton.jit
@@ -277,7 +343,7 @@ def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_pt
 
 
 @triton.jit
-def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m, scale, one, k0, k1, col_offset,
+def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m, scale, k0, k1, col_offset,
                     cand_key, cand_id, cand_n, CAP: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
                     EXACT_EXP: tl.constexpr):
     """Pass 3 of a split: candidates of the bracket; (mass, Gumbel winner) of the entries above it."""
@@ -289,7 +355,7 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
     for s in range(start, end, BLOCK):
         cols = s + offs
         xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
-        l = div_t(fp32_nonan(xr), t)
+        l = div_t(xr.to(tl.float32), t)     # a NaN x stays NaN: every test below fails for it
         xr = xr_next
         inr = l >= lo
         b = bin_of(l, lo, inv, NBH)
@@ -297,7 +363,7 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
         above = inr & (b > last)
         append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP)
         if tl.sum(above.to(tl.int32), axis=0) > 0:
-            m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
+            m_above += tl.sum(kept_mass(l, above, m, scale, EXACT_EXP), axis=0)
             u = uniform_bits(k0, k1, cols + col_offset)
             cand = above & may_win(l, u, best_v)      # only these can beat the best so far
             if tl.max(cand.to(tl.int32), axis=0) > 0:

@@ -168,10 +168,11 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     t, k, p, lmp, key0, key1 = params
     rows, cols = x.shape
     dev = x.device
+    cuda = dev.type == "cuda"       # compiled (else the interpreter, which runs no inline PTX)
     if hints.any_filter:
         cfg = filter_config(cfg)
     else:
-        cfg = draw_config(cfg, dev.type == "cuda") if hints.any_plain else plain_config(cfg)
+        cfg = draw_config(cfg, cuda) if hints.any_plain else plain_config(cfg)
     splits, bb, tile, chunk, nblk = _geometry(rows, cols, dev, cfg)
     ws = workspace_for(rows, splits, nblk, cfg, dev)
     if out is None:
@@ -204,10 +205,10 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         fallbacks, leans = fallback_counter(dev), lean_counter(dev)
         lcap = 2 * cfg.cap if cfg.lean else 0        # a LEAN row's column list, in cand_key's bytes
         if hints.any_top_p_alone:
-            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, 1 << shift, ws.stage, ws.m, ws.tkey,
+            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, ws.stage, ws.m, ws.tkey,
                     ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, NSPLIT=splits, CHUNK=chunk,
                     BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
-                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0, LG=cfg.list_groups,
+                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0, LG=cfg.list_groups, PTX=cuda,
                     num_warps=cfg.hist_warps or nw)
             BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
                        ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,

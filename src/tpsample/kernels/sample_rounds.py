@@ -118,7 +118,7 @@ def _draw(x_ptr, row_off, t, start, end, tkey, k0, k1, col_offset, BLOCK: tl.con
 
 
 @triton.jit
-def _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
+def _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, m,
                   st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt,
                   BLOCK: tl.constexpr, CAP: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr):
     if tl.load(st_count + row) <= CAP:
@@ -126,7 +126,7 @@ def _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, 
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
         m_above, v, i = collect_bracket(x_ptr, row_off, t, start, end, row, tl.load(st_hlo + row),
                                         tl.load(st_hinv + row), tl.load(st_first + row), tl.load(st_last + row), m,
-                                        scale, one, k0, k1, col_offset, cand_key, cand_id, cand_n, CAP, BLOCK, NBH,
+                                        scale, k0, k1, col_offset, cand_key, cand_id, cand_n, CAP, BLOCK, NBH,
                                         EXACT_EXP)
         tl.store(p_cnt + part, m_above)
         tl.store(p_best_v + part, v)
@@ -173,7 +173,7 @@ def round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_
             tl.store(p_mgt + part * P + tl.arange(0, P), mgt)
             tl.store(p_hist + part * NB + tl.arange(0, NB), hist)
         if ((STAGES & 8) != 0) & (stage == BRACKET):
-            _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, one, m,
+            _bracket_pass(row, part, x_ptr, row_off, t, start, end, key0_ptr, key1_ptr, col_offset, scale, m,
                           st_hlo, st_hinv, st_first, st_last, st_count, cand_key, cand_id, cand_n, p_best_v, p_best_i,
                           p_cnt, BLOCK, CAP, NBH, EXACT_EXP)
         if ((STAGES & 8) != 0) & (stage == LEAN):

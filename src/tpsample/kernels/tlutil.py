@@ -33,6 +33,20 @@ def div_t(x, t):
 
 
 @triton.jit
+def div_by(x, t, y):
+    """x / T with one multiply and two FMAs, given y = div_rn(1, T): Markstein's correction
+    q0 = x * y, r = fma(-q0, T, x) (exact), q = fma(r, y, q0) gives IEEE round-to-nearest x / T
+    when y is the correctly rounded 1 / T and nothing over- or underflows, i.e. for
+    2**-100 <= |x| <= 2**100 and 2**-20 <= T <= 2**20 (and x = 0). No per-entry reciprocal and no
+    slow-path branch, which is what `div_t`'s division costs per entry. Outside that range the
+    result is near x / T, or NaN for infinite x: callers use it only where that cannot change
+    what they compute (`sample_bracket.fast_division_ok`)."""
+    q0 = x * y
+    r = tl.fma(-q0, tl.zeros_like(x) + t, x)
+    return tl.fma(r, tl.zeros_like(x) + y, q0)
+
+
+@triton.jit
 def order_key(l):
     """uint32 key, larger float -> larger key; -0.0 keyed as +0.0 (callers exclude NaN)."""
     l = tl.where(l == 0.0, 0.0, l)
@@ -63,6 +77,55 @@ def mass(l, m, scale, one, EXACT_EXP: tl.constexpr):
     ex = fexp(tl.where(l > NEG_INF, l - m, NEG_INF), EXACT_EXP)
     e = tl.where(l == m, one, (ex * scale).to(tl.int64))
     return tl.where(l > NEG_INF, e, 0)
+
+
+@triton.jit
+def kept_mass(l, keep, m, scale, EXACT_EXP: tl.constexpr):
+    """`mass(l)` where `keep`, else 0, for a row whose max m is finite, with the tests and the
+    select on fp32 and one int64 conversion (the streaming passes pay per entry): exp(-inf - m)
+    is 0 with no guard, exp(0) is taken as 1 (2**shift after the scale), and a NaN l must fail
+    `keep` (a comparison with it does)."""
+    ex = tl.where(l == m, 1.0, fexp(l - m, EXACT_EXP))
+    return (tl.where(keep, ex, 0.0) * scale).to(tl.int64)
+
+
+@triton.jit
+def count_where(ptrs, mask, PTX: tl.constexpr):
+    """*ptr += 1 (int32, relaxed, no result) in every lane where `mask`. PTX (CUDA only): one
+    predicated `red` per lane, an elementwise op that keeps the operands' register layout;
+    `tl.atomic_add` instead branches around each lane's atomic and, being a memory op, takes its
+    own layout (a shuffle through shared memory per step of a streaming pass)."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p red.relaxed.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.atomic_add(ptrs, 1, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def claim_where(ptrs, mask, PTX: tl.constexpr):
+    """The old value of *ptr (int32) after *ptr += 1 where `mask`, 0 elsewhere (relaxed); PTX as
+    in `count_where`."""
+    if PTX:
+        old = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.u32 $0, 0; @p atom.relaxed.gpu.global.add.u32 $0, [$1], 1; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        old = tl.atomic_add(ptrs, 1, mask=mask, sem="relaxed")
+    return old
+
+
+@triton.jit
+def store_where(ptrs, values, mask, PTX: tl.constexpr):
+    """*ptr = value (int32) where `mask`; PTX as in `count_where` (a scattered store is a memory
+    op with a layout of its own too)."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptrs, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptrs, values, mask=mask)
 
 
 @triton.jit

@@ -1,0 +1,82 @@
+"""A kernel's SASS for sm_90 (H100 / H200) compiled on a machine without a GPU, with the
+instruction mix of its hottest loop: the bundled ptxas and nvdisasm do the work, so a change to
+a streaming pass can be weighed (instructions per loop step) before a GPU run.
+    python scripts/sass_local.py hist [out.sass]
+Kernels: hist (the top-p hist pass at 256 x 151,936's shape). Prints the instruction count and
+opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is static (an instruction on a
+branch not taken counts too); the GPU's Triton may be older than this one."""
+import collections
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tpsample.kernels import sample_bracket
+
+SHAPES = {   # kernel: (function, argument types, constexprs, warps)
+    "hist": (sample_bracket.hist_kernel,
+             {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "scale": "fp32",
+              "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
+              "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32"},
+             {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "HIST_SKIP": False,
+              "LCAP": 4096, "LG": 4, "PTX": True}, 4),
+}
+
+
+def compile_sass(name: str) -> str:
+    fn, types, const, warps = SHAPES[name]
+    params = list(inspect.signature(fn.fn).parameters)
+    const = {k: v for k, v in const.items() if k in params}
+    sig = {p: "constexpr" if p in const else types[p] for p in params}
+    # what the launcher specializes for real arguments: 16-byte aligned pointers, ints divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
+             if p in types and (types[p].startswith("*") or p in ("stride", "ncols"))}
+    k = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def loops(sass: str) -> list[list[str]]:
+    """The instructions of each backward-branch span (a loop), longest first; a kernel with a
+    loop per variant (say, fast and exact division) has one each."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln.strip()))}
+    spans = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            spans.append([x for x in lines[labels[m.group(1)]:i + 1] if ";" in x])
+    return sorted(spans, key=len, reverse=True)
+
+
+def main():
+    name = sys.argv[1] if len(sys.argv) > 1 else "hist"
+    sass = compile_sass(name)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w") as f:
+            f.write(sass)
+    out = []
+    for k, loop in enumerate(loops(sass)[:int(os.environ.get("LOOPS", "2"))]):
+        ops = collections.Counter()
+        for ln in loop:
+            m = re.search(r"\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
+            if m:
+                ops[m.group(2)] += 1
+        print(f"{name}: loop {k}, {len(loop)} instructions: "
+              + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
+        out.append({"instructions": len(loop), "opcodes": dict(ops.most_common())})
+    print(json.dumps({"kernel": name, "loops": out}))
+
+
+if __name__ == "__main__":
+    main()

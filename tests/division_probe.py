@@ -1,0 +1,21 @@
+"""Probe kernels for tests/test_kernels_fast_division.py: imported by its fixture, after the
+interpreter switch (triton.jit picks interpreted or compiled when this module is imported)."""
+import triton
+import triton.language as tl
+
+from tpsample.kernels.sample_bracket import fast_division_ok
+from tpsample.kernels.tlutil import div_by
+
+
+@triton.jit
+def divide(x_ptr, out_ptr, n, t, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, div_by(x, t, tl.div_rn(1.0, t)), mask=offs < n)
+
+
+@triton.jit
+def guard(t_ptr, m_ptr, tlo_ptr, out_ptr):
+    i = tl.program_id(0)
+    ok = fast_division_ok(tl.load(t_ptr + i), tl.load(m_ptr + i), tl.load(tlo_ptr + i))
+    tl.store(out_ptr + i, ok.to(tl.int32))
