@@ -1,6 +1,6 @@
 """The per-step kernels (`tpsample.kernels.step_ops`, `history_ops`) give the torch versions'
 results exactly: row keys bit for bit, the history append token for token, with its ascending
-copy sorted after every step.
+copy sorted after every step (for the slots told to keep one).
 
 Runs the kernels under TRITON_INTERPRET=1 on CPU, or compiled when CUDA is present.
 """
@@ -66,6 +66,37 @@ def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops
         assert torch.equal(b.ordered[slot, :n].cpu(), want.cpu()) and int(b.ordered[slot, n]) == -1
 
 
+def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
+    """The store keeps the ascending copy for requests with penalties only: the kernel and the
+    torch append agree, the flagged slots' copies stay sorted, the others' stay -1."""
+    from tpsample.kernels.history_ops import append_history
+    g = torch.Generator().manual_seed(1)
+    flags = torch.tensor([16, 0, 32, 0, 48, 8], dtype=torch.int64, device=DEV)      # 16 | 32: penalties
+    a, b = History(), History()
+    for h in (a, b):
+        for slot in range(6):
+            h.reset(slot)
+        h.sync(DEV, 6, 64)
+    for step in range(12):
+        slots = torch.randperm(6, generator=g)[:5].to(DEV)
+        tokens = torch.randint(0, 30, (5, 2), generator=g).to(DEV)
+        counts = torch.randint(1, 3, (5,), generator=g).to(DEV)
+        tokens[torch.arange(2, device=DEV).unsqueeze(0) >= counts.unsqueeze(1)] = -1
+        block = torch.cat([tokens, counts.unsqueeze(1)], dim=1)
+        a.append(slots, block[:, :2], block[:, 2], ordered_flags=(flags, 16 | 32))
+        b.append(slots, block[:, :2], block[:, 2], kernel=append_history if step >= 8 else None,
+                 ordered_flags=(flags, 16 | 32))
+    assert torch.equal(a.num_out, b.num_out) and torch.equal(a.tokens[:, :-1], b.tokens[:, :-1])
+    assert torch.equal(a.ordered[:, :-1], b.ordered[:, :-1])
+    for slot in range(6):
+        n = int(a.num_out[slot])
+        assert n > 0
+        if flags[slot] & (16 | 32):
+            assert torch.equal(b.ordered[slot, :n].cpu(), torch.sort(b.tokens[slot, :n]).values.cpu())
+        else:
+            assert bool((b.ordered[slot] == -1).all())
+
+
 def test_append_kernel_drops_tokens_past_the_capacity_from_both_tables(step_ops):
     from tpsample.kernels.history_ops import append_history
     h = History()
@@ -129,3 +160,23 @@ def test_row_prep_kernel_equals_nan_mask_bitmask_and_argmax(step_ops, masked, sh
     assert torch.equal(nans.sum(dim=1).cpu().to(torch.int64), ref_nans)
     assert torch.equal(ids.cpu(), ref_i) and torch.equal(best.cpu(), ref_v)
     assert int(ref_i[1]) == 0 and int(ref_i[2]) == start + 100 and int(ref_nans[1]) == end - start
+
+
+def test_a_sampler_keeps_the_ascending_history_only_for_requests_with_penalties():
+    """Its only reader is the penalty step: a request without penalties never pays for it."""
+    import tpsample
+    s = tpsample.Sampler(64, max_num_reqs=4, seed=0)
+    params = {"plain": {}, "rep": {"repetition_penalty": 1.3}, "freq": {"frequency_penalty": 0.5},
+              "pres": {"presence_penalty": 0.5}}
+    slots = {rid: s.add_request(rid, tpsample.SamplingParams(seed=1, **p), [1, 2, 3]) for rid, p in params.items()}
+    ids = list(params)
+    for _ in range(6):
+        s.sample(torch.randn(len(ids), 64), s.plan(ids)).token_lists()
+    h = s.store.history
+    for rid, slot in slots.items():
+        n = int(h.num_out[slot])
+        assert n == 6
+        if rid == "plain":
+            assert bool((h.ordered[slot] == -1).all())
+        else:
+            assert torch.equal(h.ordered[slot, :n], torch.sort(h.tokens[slot, :n]).values)

@@ -2,8 +2,9 @@
 
 `tokens` [slots, capacity + 1] int32 holds each request's emitted tokens (-1 after the end; the
 last column is scratch that masked writes land in), `ordered` the same tokens ascending (what the
-penalty kernel searches: occurrence counts by binary search, no sort per step); `num_out`
-[slots] int64 counts them. All are updated from the sampled ids on the device, never rebuilt
+penalty kernel searches: occurrence counts by binary search, no sort per step; kept only for
+the slots `append` is told to keep it for, the requests with penalties, else left at -1);
+`num_out` [slots] int64 counts them. All are updated from the sampled ids on the device, never rebuilt
 from Python lists. The host keeps
 only bounds of each slot's length: `upper` (each step emits at most a request's rows), which
 sizes the table and the per-step views, and `steps` (each step emits at least one token), which
@@ -93,18 +94,20 @@ class History:
         past = torch.arange(width, device=h.device).unsqueeze(0) >= n.unsqueeze(1)
         return h.masked_fill_(past, -1)
 
-    def append(self, slots: torch.Tensor, tokens: torch.Tensor, num_sampled: torch.Tensor, kernel=None) -> None:
+    def append(self, slots: torch.Tensor, tokens: torch.Tensor, num_sampled: torch.Tensor, kernel=None,
+               ordered_flags=None) -> None:
         """history[slot] += tokens[i, :num_sampled[i]] for each request i (device ops only), in
         emission order and in the ascending copy.
 
         slots: [num_reqs] int64 (distinct); tokens: [num_reqs, max_rows] int64; num_sampled:
         [num_reqs] int64. kernel: an equivalent single-launch implementation
-        (`kernels.history_ops.append_history`).
+        (`kernels.history_ops.append_history`). ordered_flags: None (every slot keeps the
+        ascending copy) or (flags [slots] int64, mask): only slots with flags & mask keep it.
         """
         if slots.numel() == 0:
             return
         if kernel is not None:
-            kernel(self.tokens, self.ordered, self.num_out, slots, tokens, num_sampled)
+            kernel(self.tokens, self.ordered, self.num_out, slots, tokens, num_sampled, ordered_flags)
             return
         width = tokens.shape[1]
         start = self.num_out.index_select(0, slots)
@@ -118,7 +121,12 @@ class History:
         h = self.tokens.index_select(0, slots)[:, : self.capacity]
         top = torch.iinfo(torch.int32).max
         ordered = torch.where(h < 0, top, h).sort(dim=1).values
-        self.ordered[:, : self.capacity].index_copy_(0, slots, torch.where(ordered == top, -1, ordered))
+        ordered = torch.where(ordered == top, -1, ordered)
+        if ordered_flags is not None:       # the other slots' copies stay as they are (-1)
+            flags, mask = ordered_flags
+            keep = (flags.index_select(0, slots) & mask) != 0
+            ordered = torch.where(keep.unsqueeze(1), ordered, self.ordered.index_select(0, slots)[:, : self.capacity])
+        self.ordered[:, : self.capacity].index_copy_(0, slots, ordered)
 
     def note_step(self, slots: np.ndarray, rows_per_req: np.ndarray) -> None:
         """Host bookkeeping for a sampled step: each request emits 1 to rows_per_req tokens."""

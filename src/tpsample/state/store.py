@@ -30,7 +30,7 @@ import torch
 
 from ..noise import seed_to_int64
 from ..params import SamplingParams
-from .columns import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FREQ, MIN_P, PRES, REP, TOP_P, T  # noqa: F401
+from .columns import F_ALLOWED, F_BAD, F_BIAS, F_FREQ, F_REP, F_STOPS, FLAGS, FREQ, MIN_P, PRES, REP, TOP_P, T  # noqa: F401
 from .digest import request_digests, request_print
 from .history import History
 from .rowbatch import RowBatch
@@ -180,7 +180,9 @@ class RequestStore:
         return build_row_batch(self, rows, device)
 
     def append(self, slots: torch.Tensor, tokens: torch.Tensor, num_sampled: torch.Tensor, kernel=None) -> None:
-        self.history.append(slots, tokens, num_sampled, kernel)
+        """The history append of a step; only slots with penalties keep the ascending copy (its
+        only reader is the penalty kernel)."""
+        self.history.append(slots, tokens, num_sampled, kernel, (self.i64.device_row(FLAGS), F_REP | F_FREQ))
 
 
 def derive_seed(base_seed: int, req_id: str, serial: int) -> int:
