@@ -91,7 +91,7 @@ def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(pl
     programs per row."""
     gen = torch.Generator().manual_seed(4)
     rows = [GREEDY, TEMPERATURE, (1.0, 0, 1.0, 0.0), (2.5, 0, 1.0, 0.0)] * 2
-    x = logits("randn", len(rows), 3000, gen)
+    x = logits("randn", len(rows), 1500, gen)
     for cfg in (KernelConfig(draw_scan_cols=plain_cols), KernelConfig(draw_scan_cols=plain_cols, splits=4)):
         check(x, rows, cfg)
     for cfg in (KernelConfig(plain_scan_cols=plain_cols), KernelConfig(plain_scan_cols=plain_cols, splits=4)):
@@ -272,16 +272,16 @@ def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens
 
 
 @pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-@pytest.mark.parametrize("groups", [2, 8])
-def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind, groups):
+def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind):
     """`list_groups` spreads a row's list appends over several counters (slot i * G + g of group
     g, holes between groups): exact tokens, and the same lean, listed and fallback counts as one
-    counter, both for the lean pass's list and the hist pass's (several programs a row too)."""
+    counter, both for the lean pass's list and the hist pass's (several programs a row too).
+    8 groups, the most spread; every other test runs the default's 4."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 5)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
     for extra in ({"lean_prelist_all": False}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
-        one = _paths_and_listed(x, TOP_P_ALONE, KernelConfig(**extra))
-        assert _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=groups, **extra)) == one
+        one = _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=1, **extra))
+        assert _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=8, **extra)) == one
         assert one[0] == (len(TOP_P_ALONE), 0)
 
 
