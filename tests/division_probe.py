@@ -1,10 +1,10 @@
-"""Probe kernels for tests/test_kernels_fast_division.py: imported by its fixture, after the
+"""Probe kernels for tests/test_kernels_fast_division.py (and the bisections' step count): imported by its fixture, after the
 interpreter switch (triton.jit picks interpreted or compiled when this module is imported)."""
 import triton
 import triton.language as tl
 
 from tpsample.kernels.sample_bracket import fast_division_ok
-from tpsample.kernels.tlutil import div_by
+from tpsample.kernels.tlutil import bisection_steps, div_by
 
 
 @triton.jit
@@ -19,3 +19,9 @@ def guard(t_ptr, m_ptr, tlo_ptr, out_ptr):
     i = tl.program_id(0)
     ok = fast_division_ok(tl.load(t_ptr + i), tl.load(m_ptr + i), tl.load(tlo_ptr + i))
     tl.store(out_ptr + i, ok.to(tl.int32))
+
+
+@triton.jit
+def steps_of(d_ptr, out_ptr, n):
+    for i in range(0, n):       # one scalar at a time, as the bisections use it
+        tl.store(out_ptr + i, bisection_steps(tl.load(d_ptr + i)))

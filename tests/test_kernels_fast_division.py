@@ -1,6 +1,7 @@
 """The hist pass's division without a division (`tlutil.div_by`: x * (1 / T) and two FMAs) is
 IEEE x / T bit for bit wherever `sample_bracket.fast_division_ok` lets a row use it, and the
-rows it refuses are those whose extreme entries could tell the two apart.
+rows it refuses are those whose extreme entries could tell the two apart; and the bisections
+of the top-k / top-p thresholds take as many steps as their interval needs.
 
 The bit-for-bit check needs compiled code (FMA and the GPU's rounding): CUDA only. The guard's
 bounds are checked anywhere, through the interpreter."""
@@ -61,3 +62,15 @@ def test_the_fast_division_is_refused_where_extreme_entries_could_differ(kernels
     out = torch.empty(len(cases), dtype=torch.int32, device=dev)
     guard[(len(cases),)](t, m, tlo, out)
     assert [bool(v) for v in out.tolist()] == [c[3] for c in cases]
+
+
+def test_a_bisection_takes_the_bit_length_of_its_interval_in_steps(triton_interpreter):
+    """`tlutil.bisection_steps`: the top-k and top-p bisections stop once their interval is one
+    key wide, instead of always taking the whole key range's 33 steps."""
+    import division_probe
+    dev = torch.device("cuda" if CUDA else "cpu")
+    d = [1, 2, 3, 4, 5, 7, 8, 255, 256, 31000, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 32 + 1, 0, -5]
+    want = [v.bit_length() if v >= 1 else 33 for v in d]
+    out = torch.empty(len(d), dtype=torch.int32, device=dev)
+    division_probe.steps_of[(1,)](torch.tensor(d, dtype=torch.int64, device=dev), out, len(d))
+    assert out.tolist() == want

@@ -157,12 +157,25 @@ def chunk_bounds(ncols, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def bisection_steps(d):
+    """The halvings that take an integer interval of size d >= 1 down to 1: d's bit length (exact
+    through float64 for d < 2**53), as int32; 33, the full key range's count, when d < 1."""
+    e = (d.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF
+    return tl.where(d >= 1, e - 1022, 33).to(tl.int32)
+
+
+@triton.jit
 def max_key_with_count(keys, valid, k):
-    """Largest key kappa with #(valid keys >= kappa) >= k, by bisection over [0, 2**32)
-    (keys int64; the caller ensures at least k valid keys)."""
-    lo = tl.zeros((), tl.int64)
-    hi = tl.full((), 1 << 32, tl.int64)
-    for _ in range(33):     # fixed count: a reduction inside a while loop raced on Triton 3.6
+    """Largest key kappa with #(valid keys >= kappa) >= k, by bisection (keys int64 in [0, 2**32);
+    the caller ensures at least k valid keys). The search starts from the valid keys' own range
+    and takes only the steps it needs (the same kappa as over [0, 2**32): it is the k-th largest
+    key), else from the whole range."""
+    kmin = tl.min(tl.where(valid, keys, 1 << 32), axis=0)
+    kmax = tl.max(tl.where(valid, keys, -1), axis=0)
+    narrow = (k >= 1) & (tl.sum(valid.to(tl.int32), axis=0) >= k)
+    lo = tl.where(narrow, kmin, 0)
+    hi = tl.where(narrow, kmax + 1, 1 << 32)
+    for _ in range(bisection_steps(hi - lo)):    # a fixed count: a reduction inside a while loop raced on Triton 3.6
         mid = (lo + hi) >> 1
         ok = tl.sum((valid & (keys >= mid)).to(tl.int32), axis=0) >= k
         lo = tl.where(ok, mid, lo)
@@ -173,8 +186,10 @@ def max_key_with_count(keys, valid, k):
 @triton.jit
 def min_key_mass_below(keys, e, base, target, lo, hi):
     """Smallest kappa in (lo, hi] with float64(base + sum(e where keys > kappa)) < target, by
-    bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums)."""
-    for _ in range(33):     # (hi - lo <= 2**32 + 1; once converged, mid == lo changes nothing)
+    bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums). It
+    takes the bit length of hi - lo steps (a bracket's candidates span a few bins: ~15 instead of
+    the full key range's 33), after which lo + 1 == hi."""
+    for _ in range(bisection_steps(hi - lo)):
         mid = (lo + hi) >> 1
         ok = (base + tl.sum(tl.where(keys > mid, e, 0), axis=0)).to(tl.float64) < target
         hi = tl.where(ok, mid, hi)
