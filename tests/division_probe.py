@@ -23,5 +23,5 @@ def guard(t_ptr, m_ptr, tlo_ptr, out_ptr):
 
 @triton.jit
 def steps_of(d_ptr, out_ptr, n):
-    for i in range(0, n):       # one scalar at a time, as the bisections use it
+    for i in range(n):       # one scalar at a time, as the bisections use it
         tl.store(out_ptr + i, bisection_steps(tl.load(d_ptr + i)))

@@ -10,9 +10,9 @@ pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
 
 
 def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(monkeypatch):
+    import division_probe
     from triton.runtime import interpreter as interp
 
-    import division_probe
     from tpsample.testing.interpreter import speed_up_device_calls
     assert speed_up_device_calls()
     calls = [0]
