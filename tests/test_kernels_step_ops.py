@@ -35,14 +35,20 @@ def test_row_keys_kernel_equals_torch_bits(step_ops, salt):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
+def _histories(slots: int, need: int) -> tuple[History, History]:
+    """Two empty histories of `slots` slots on DEV with room for `need` tokens each."""
+    pair = History(), History()
+    for h in pair:
+        for slot in range(slots):
+            h.reset(slot)
+        h.sync(DEV, slots, need)
+    return pair
+
+
 def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops):
     from tpsample.kernels.history_ops import append_history
     g = torch.Generator().manual_seed(0)
-    a, b = History(), History()
-    for h in (a, b):
-        for slot in range(6):
-            h.reset(slot)
-        h.sync(DEV, 6, 900)
+    a, b = _histories(6, 900)
     for step in range(260):
         slots = torch.randperm(6, generator=g)[: 4 + 2 * (step % 2)].to(DEV)
         n, width = len(slots), 1 + step % 3
@@ -72,11 +78,7 @@ def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
     from tpsample.kernels.history_ops import append_history
     g = torch.Generator().manual_seed(1)
     flags = torch.tensor([16, 0, 32, 0, 48, 8], dtype=torch.int64, device=DEV)      # 16 | 32: penalties
-    a, b = History(), History()
-    for h in (a, b):
-        for slot in range(6):
-            h.reset(slot)
-        h.sync(DEV, 6, 64)
+    a, b = _histories(6, 64)
     for step in range(12):
         slots = torch.randperm(6, generator=g)[:5].to(DEV)
         tokens = torch.randint(0, 30, (5, 2), generator=g).to(DEV)
