@@ -3,7 +3,8 @@
 Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter runs them), except
 `fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
 that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
-faster `ex2.approx`, within a few ulps.
+faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where` and `store_where`
+run inline PTX when their PTX flag is set (compiled for CUDA), else `tl.atomic_add` / `tl.store`.
 """
 import triton
 import triton.language as tl
