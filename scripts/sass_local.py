@@ -40,10 +40,11 @@ def compile_sass(name: str) -> str:
              if p in types and (types[p].startswith("*") or p in ("stride", "ncols"))}
     k = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps})
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def loops(sass: str) -> list[list[str]]:

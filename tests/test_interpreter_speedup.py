@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
 
 
 def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(monkeypatch):
-    import division_probe
+    import tlutil_probes
     from triton.runtime import interpreter as interp
 
     from tpsample.testing.interpreter import speed_up_device_calls
@@ -24,6 +24,6 @@ def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(m
     monkeypatch.setattr(interp, "_patch_lang", counted)
     x = torch.randn(4096) * 3
     got = torch.empty_like(x)
-    division_probe.divide[(8,)](x, got, x.numel(), 0.8, BLOCK=512)      # 8 programs, 5 helper calls each
+    tlutil_probes.divide[(8,)](x, got, x.numel(), 0.8, BLOCK=512)      # 8 programs, 5 helper calls each
     assert calls[0] == 2        # the launch, and the first call of Triton's own helpers (triton.language.core)
     assert torch.equal(got, x / torch.tensor(0.8))      # the interpreter's fma is exact here (float64 inside)

@@ -17,8 +17,8 @@ CUDA = torch.cuda.is_available()
 @pytest.fixture(scope="module")
 def kernels(triton_interpreter):
     """Imported here, not at the top: triton.jit picks interpreted or compiled at import."""
-    import division_probe
-    return division_probe.divide, division_probe.guard
+    import tlutil_probes
+    return tlutil_probes.divide, tlutil_probes.guard
 
 
 def _patterns(n, gen):
@@ -67,10 +67,10 @@ def test_the_fast_division_is_refused_where_extreme_entries_could_differ(kernels
 def test_a_bisection_takes_the_bit_length_of_its_interval_in_steps(triton_interpreter):
     """`tlutil.bisection_steps`: the top-k and top-p bisections stop once their interval is one
     key wide, instead of always taking the whole key range's 33 steps."""
-    import division_probe
+    import tlutil_probes
     dev = torch.device("cuda" if CUDA else "cpu")
     d = [1, 2, 3, 4, 5, 7, 8, 255, 256, 31000, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 32 + 1, 0, -5]
     want = [v.bit_length() if v >= 1 else 33 for v in d]
     out = torch.empty(len(d), dtype=torch.int32, device=dev)
-    division_probe.steps_of[(1,)](torch.tensor(d, dtype=torch.int64, device=dev), out, len(d))
+    tlutil_probes.steps_of[(1,)](torch.tensor(d, dtype=torch.int64, device=dev), out, len(d))
     assert out.tolist() == want

@@ -89,7 +89,7 @@ def append_history(tokens: torch.Tensor, ordered: torch.Tensor, num_out: torch.T
     if ordered.stride(0) != tokens.stride(0):
         raise ValueError("tokens and ordered must have the same row stride")
     cap = tokens.shape[1] - 1
-    flags, mask = ordered_flags if ordered_flags is not None else (num_out, 0)
+    flags, mask = ordered_flags if ordered_flags is not None else (num_out, 0)    # MASK 0: flags never read
     if ordered_flags is not None and (mask == 0 or flags.dim() != 1 or flags.stride(0) != 1):
         raise ValueError("ordered_flags must be (contiguous [slots] flags, a non-zero mask)")
     _APPEND((n,), tokens, ordered, tokens.stride(0), num_out, slots, sampled, sampled.stride(0), num_sampled,

@@ -279,7 +279,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, st_stage, st_m, st_tkey, st_
                                    cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)
         else:
             total = _hist_span(x_ptr, row_off, start, end, t, t, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
-                               cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)
+                               cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)   # (y unused)
         tl.store(p_mass + part, total)
 
 

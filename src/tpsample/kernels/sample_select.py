@@ -78,8 +78,7 @@ def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: 
     (m - lo) / 2**STEPS of it: STEPS bisections of the value range by the count of maxima at or
     above, instead of `kth_block_max`'s 33 over the keys (~11 us of one-row latency on an H200),
     for a bound that is only a guess (a lower one lists a few entries more)."""
-    b = tl.arange(0, NBP)
-    bv = tl.load(bmax_ptr + row.to(tl.int64) * nblk + b, mask=b < nblk, other=NEG_INF)
+    bv, _, _ = _block_keys(bmax_ptr, row, nblk, NBP)
     a, z = lo, m        # count(maxima >= a) >= k unless a is lo; count(maxima >= z) < k unless z is m
     for _ in range(STEPS):
         mid = a + (z - a) * 0.5

@@ -1,5 +1,6 @@
-"""Probe kernels for tests/test_kernels_fast_division.py (and the bisections' step count): imported by its fixture, after the
-interpreter switch (triton.jit picks interpreted or compiled when this module is imported)."""
+"""Probe kernels of `tpsample.kernels.tlutil` helpers for tests/test_kernels_fast_division.py and
+tests/test_interpreter_speedup.py, imported inside the tests, after the interpreter switch (triton.jit
+picks interpreted or compiled when this module is imported)."""
 import triton
 import triton.language as tl
 
