@@ -84,24 +84,25 @@ def mass(l, m, scale, one, EXACT_EXP: tl.constexpr):
 def kept_mass(l, keep, m, scale, EXACT_EXP: tl.constexpr):
     """`mass(l)` where `keep`, else 0, for a row whose max m is finite, with the tests and the
     select on fp32 and one int64 conversion (the streaming passes pay per entry): exp(-inf - m)
-    is 0 with no guard, exp(0) is taken as 1 (2**shift after the scale), and a NaN l must fail
-    `keep` (a comparison with it does)."""
-    ex = tl.where(l == m, 1.0, fexp(l - m, EXACT_EXP))
-    return (tl.where(keep, ex, 0.0) * scale).to(tl.int64)
+    is 0 and exp(l - m) for l = m is exp(0) = 1 (2**shift after the scale), with no guards,
+    and a NaN l must fail `keep` (a comparison with it does)."""
+    return (tl.where(keep, fexp(l - m, EXACT_EXP), 0.0) * scale).to(tl.int64)
 
 
 @triton.jit
-def count_where(ptrs, mask, PTX: tl.constexpr):
-    """*ptr += 1 (int32, relaxed, no result) in every lane where `mask`. PTX (CUDA only): one
-    predicated `red` per lane, an elementwise op that keeps the operands' register layout;
+def count_where(base, idx, mask, PTX: tl.constexpr):
+    """base[idx] += 1 (int32, relaxed, no result) in every lane where `mask` (idx >= 0 there;
+    base one pointer for every lane). PTX (CUDA only): one predicated `red` per lane, an
+    elementwise op that keeps the operands' register layout, its address one `mad.wide.u32`;
     `tl.atomic_add` instead branches around each lane's atomic and, being a memory op, takes its
     own layout (a shuffle through shared memory per step of a streaming pass)."""
     if PTX:
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p red.relaxed.gpu.global.add.u32 [$1], 1; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $3, 0; mad.wide.u32 a, $2, 4, $1; "
+            "@p red.relaxed.gpu.global.add.u32 [a], 1; mov.u32 $0, 0; }",
+            "=r,l,r,r", [base, idx, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.atomic_add(ptrs, 1, mask=mask, sem="relaxed")
+        tl.atomic_add(base + idx, 1, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -118,15 +119,17 @@ def claim_where(ptrs, mask, PTX: tl.constexpr):
 
 
 @triton.jit
-def store_where(ptrs, values, mask, PTX: tl.constexpr):
-    """*ptr = value (int32) where `mask`; PTX as in `count_where` (a scattered store is a memory
-    op with a layout of its own too)."""
+def store_where(base, idx, values, mask, PTX: tl.constexpr):
+    """base[idx] = value (int32) where `mask` (idx >= 0 there); PTX as in `count_where` (a
+    scattered store is a memory op with a layout of its own too)."""
     if PTX:
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [ptrs, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 4, $1; "
+            "@p st.global.b32 [a], $3; mov.u32 $0, 0; }",
+            "=r,l,r,r,r", [base, idx, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1)
     else:
-        tl.store(ptrs, values, mask=mask)
+        tl.store(base + idx, values, mask=mask)
 
 
 @triton.jit
