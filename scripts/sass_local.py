@@ -1,9 +1,8 @@
 """A kernel's SASS for sm_90 (H100 / H200) compiled on a machine without a GPU, with the
 instruction mix of its hottest loop: the bundled ptxas and nvdisasm do the work, so a change to
 a streaming pass can be weighed (instructions per loop step) before a GPU run.
-    [BRACKET_HERE=1] [MAXNREG=80] python scripts/sass_local.py hist [out.sass]
-Kernels: hist (the top-p hist pass at 256 x 151,936's shape; BRACKET_HERE=1: with the bracket in
-its last program; MAXNREG: ptxas's register cap). Prints the instruction count and
+    python scripts/sass_local.py hist [out.sass]
+Kernels: hist (the top-p hist pass at 256 x 151,936's shape). Prints the instruction count and
 opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is static (an instruction on a
 branch not taken counts too); the GPU's Triton may be older than this one."""
 import collections
@@ -25,12 +24,9 @@ SHAPES = {   # kernel: (function, argument types, constexprs, warps)
     "hist": (sample_bracket.hist_kernel,
              {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "scale": "fp32",
               "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
-              "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32",
-              "p_ptr": "*fp32", "st_first": "*i32", "st_last": "*i32", "st_count": "*i32", "st_lean_l": "*fp32",
-              "prelisted": "*i32", "st_arrive": "*i32"},
+              "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32"},
              {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "HIST_SKIP": False,
-              "LIST_CAP": 4096, "LG": 4, "PTX": True, "BRACKET_HERE": os.environ.get("BRACKET_HERE", "0") == "1",
-              "ALL": 256, "CAP": 2048, "LCAP": 4096, "PRELIST": True}, 4),
+              "LCAP": 4096, "LG": 4, "PTX": True}, 4),
 }
 
 
@@ -43,8 +39,7 @@ def compile_sass(name: str) -> str:
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if p in types and (types[p].startswith("*") or p in ("stride", "ncols"))}
     k = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, **({"maxnreg": int(os.environ["MAXNREG"])}
-                                                       if os.environ.get("MAXNREG") else {})})
+                       options={"num_warps": warps})
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])

@@ -50,17 +50,6 @@ VARIANTS = {
     "rw1": (KernelConfig(row_warps=1), F),
     "rw2": (KernelConfig(row_warps=2), F),
     "rw8": (KernelConfig(row_warps=8), F),
-    # the finish kernel's registers capped: more of its programs resident (spills to local memory)
-    "fin_r160": (KernelConfig(finish_maxnreg=160), F),
-    "fin_r128": (KernelConfig(finish_maxnreg=128), F),
-    "fin_r96": (KernelConfig(finish_maxnreg=96), F),
-    # the finish's list read in longer steps (fewer dependent gathers a row)
-    "fc2048": (KernelConfig(lean_read_cols=2048), P),
-    "fc4096": (KernelConfig(lean_read_cols=4096), P),
-    # the bracket made by the hist pass's last program a row (no bracket kernel), its registers capped
-    "bih": (KernelConfig(bracket_in_hist=True), P),
-    "bih_r80": (KernelConfig(bracket_in_hist=True, hist_maxnreg=80), P),
-    "bih_r96": (KernelConfig(bracket_in_hist=True, hist_maxnreg=96), P),
     "rw1_fc256": (KernelConfig(row_warps=1, lean_read_cols=256), P),
     "rw2_fc512": (KernelConfig(row_warps=2, lean_read_cols=512), P),
     "b256_p16": (KernelConfig(filter_block=256, filter_programs_per_sm=16), F),

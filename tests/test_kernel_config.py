@@ -9,9 +9,7 @@ BAD = [("block", 100), ("filter_block", 0), ("scan_cols", 3), ("plain_scan_cols"
        ("row_warps", 0), ("splits", 3), ("block_max_cols", 24), ("block", True), ("block", 256.0),
        ("programs_per_sm", 0), ("filter_programs_per_sm", -1), ("bracket_all", -1), ("lean", 1),
        ("lean_prelist", "yes"), ("lean_prelist_all", None), ("lean_prelist_room", 0), ("lean_prelist_room", 2.5),
-       ("list_groups", 3), ("list_groups", 64), ("draw_scan_cols", 100), ("draw_scan_warps", 64),
-       ("finish_maxnreg", 16), ("finish_maxnreg", 256), ("finish_maxnreg", 128.0),
-       ("hist_maxnreg", 0), ("bracket_in_hist", 1)]
+       ("list_groups", 3), ("list_groups", 64), ("draw_scan_cols", 100), ("draw_scan_warps", 64)]
 
 
 @pytest.mark.parametrize(("field", "value"), BAD)
@@ -27,9 +25,7 @@ def test_small_above_cap_is_refused():
 
 def test_the_defaults_and_the_optional_settings_are_accepted():
     KernelConfig()
-    KernelConfig(splits=None, filter_programs_per_sm=None, block_max_cols=None, finish_maxnreg=None)
-    KernelConfig(finish_maxnreg=24)
-    KernelConfig(finish_maxnreg=255)
+    KernelConfig(splits=None, filter_programs_per_sm=None, block_max_cols=None)
     KernelConfig(splits=1, block=1, filter_block=1, cap=1, small=1, pivots=1, bins=1, hist_bins=1, bracket_all=0)
 
 

@@ -285,21 +285,19 @@ def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind):
         assert one[0] == (len(TOP_P_ALONE), 0)
 
 
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_the_bracket_made_by_the_hist_pass_last_program_keeps_the_tokens_and_the_paths(kind):
-    """`bracket_in_hist`: the hist pass's last program to finish a row makes its bracket (no
-    bracket kernel): exact tokens and the same lean, listed and fallback counts as the bracket
-    kernel, with one program a row and several, with the list, without it and without the lean
-    pass, twice in a row on the same workspace (its arrival counts start from 0 each call)."""
+@pytest.mark.parametrize("kind", ["randn"])
+def test_a_list_read_back_in_many_short_chunks_keeps_the_tokens_and_the_paths(kind):
+    """The finish reads a listed row's list in chunks of `lean_read_cols` slots, each chunk's
+    reads issued before the chunk before it is worked on: exact tokens and the same lean, listed
+    and fallback counts in one chunk, in many (32 slots), and in chunks shorter than the list's
+    groups (2 slots, 4 groups: each chunk reads its groups' counts)."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 6)
-    rows = TOP_P_ALONE + TOP_P_MIN_P[:2]
-    x = logits(kind, len(rows), 1500, gen)
-    for extra in ({}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32},
-                  {"splits": 8, "lean_prelist": False}, {"splits": 2, "lean": False}):
-        kernel = _paths_and_listed(x, rows, KernelConfig(**extra))
-        for _ in range(2):
-            assert _paths_and_listed(x, rows, KernelConfig(bracket_in_hist=True, **extra)) == kernel
-        assert kernel[0][1] == 0
+    rows = TOP_P_ALONE[:4]
+    x = logits(kind, len(rows), 600, gen)
+    one = _paths_and_listed(x, rows, KernelConfig(lean_read_cols=1024))
+    assert one[0] == (len(rows), 0) and one[1] >= 2
+    for fc in (32, 2):
+        assert _paths_and_listed(x, rows, KernelConfig(lean_read_cols=fc)) == one
 
 
 def _list_group(cols: torch.Tensor, groups: int) -> torch.Tensor:

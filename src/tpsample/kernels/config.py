@@ -48,12 +48,9 @@ class KernelConfig:
     hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
-    bracket_in_hist: bool = False   # the hist pass's last program a row makes the bracket (no bracket kernel)
-    hist_maxnreg: int | None = None     # CUDA: registers a thread of the hist pass may take (None: ptxas decides)
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
-    finish_maxnreg: int | None = None   # CUDA: registers a thread of the finish kernel may take (None: ptxas decides)
     splits: int | None = None       # programs per row; None: ~programs_per_sm per SM in all
     programs_per_sm: int = 16      # the splits' target
     filter_programs_per_sm: int | None = 32     # batches with a filter row (None: programs_per_sm)
@@ -71,11 +68,7 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("finish_maxnreg", "hist_maxnreg"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or not 24 <= v <= 255):
-                raise ValueError(f"KernelConfig.{name} must be None or an integer in [24, 255], got {v!r}")
-        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip", "bracket_in_hist"):
+        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it

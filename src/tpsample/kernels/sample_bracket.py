@@ -93,7 +93,7 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl
     instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
     the collect pass costs the same either way."""
     b = tl.arange(0, NBH)
-    h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b, cache_modifier=".cg")    # other SMs' atomics
+    h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b)
     w = 1.0 / (inv * NBH)
     tol = 4e-7 * tl.maximum(tl.abs(m), tl.abs(lo)) + 1e-30
     bf = b.to(tl.float32)
@@ -120,7 +120,7 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl
 @triton.jit
 def target_of(p, p_mass, row, NSPLIT: tl.constexpr):
     """float64(p) * S, S the exact int64 mass of the row's eligible entries (summed over splits)."""
-    S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT), cache_modifier=".cg"), axis=0)
+    S = tl.sum(tl.load(p_mass + row * NSPLIT + tl.arange(0, NSPLIT)), axis=0)
     return p.to(tl.float64) * S.to(tl.float64)
 
 
@@ -166,9 +166,9 @@ def list_depth(cand_n, row, LG: tl.constexpr):
     """The largest of the row's LG list counters: slots [0, depth * LG) hold the list, with
     holes (`list_slot_valid`); the list overflowed when depth > LCAP / LG."""
     if LG == 1:
-        depth = tl.load(cand_n + row * CN, cache_modifier=".cg")
+        depth = tl.load(cand_n + row * CN)
     else:
-        depth = tl.max(tl.load(cand_n + row * CN + tl.arange(0, LG) * (CN // LG), cache_modifier=".cg"), axis=0)
+        depth = tl.max(tl.load(cand_n + row * CN + tl.arange(0, LG) * (CN // LG)), axis=0)
     return depth
 
 
@@ -248,21 +248,15 @@ def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, h
 
 @triton.jit(do_not_specialize=["col_offset"])
 def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
-                p_mass, st_xf, ids_ptr, cand_n, p_ptr, st_first, st_last, st_count, st_lean_l, prelisted, st_arrive,
-                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LIST_CAP: tl.constexpr,
-                LG: tl.constexpr, PTX: tl.constexpr, BRACKET_HERE: tl.constexpr, ALL: tl.constexpr,
-                CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr):
+                p_mass, st_xf, ids_ptr, cand_n, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                NBH: tl.constexpr, EXACT_EXP: tl.constexpr, HIST_SKIP: tl.constexpr, LCAP: tl.constexpr,
+                LG: tl.constexpr, PTX: tl.constexpr):
     """Pass 2 for BRACKET rows (others return at once): S per split, counts per bin. HIST_SKIP:
     test per block whether any entry is in range before the atomics (else masked atomics).
-    LIST_CAP > 0: also the lean pass's list (room LIST_CAP) for the select kernel's guessed bound st_xf (NaN: none;
+    LCAP > 0: also the lean pass's list for the select kernel's guessed bound st_xf (NaN: none;
     see "The guessed list" in sample_lean.py). PTX (compiled for CUDA): the atomics and the
     list's stores as per-lane predicated PTX (`tlutil.count_where`), and x / T without a
-    division where `fast_division_ok` (the interpreter runs tl.atomic_add and div_rn).
-    BRACKET_HERE: the row's last program to finish its split (counted in st_arrive, which the
-    select kernel zeroes) makes the row's `bracket_row`, so no bracket kernel is launched: each
-    program's writes precede its arrival (a block barrier, then an acq_rel atomic), and the
-    last one reads them after its own."""
+    division where `fast_division_ok` (the interpreter runs tl.atomic_add and div_rn)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
         part = row * NSPLIT + tl.program_id(1)
@@ -276,26 +270,20 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, scale, st_stage, st_m, st_tkey, st_
         t_lo = key_to_float(tl.load(st_tkey + row))
         hrow = hist_ptr + row.to(tl.int64) * NBH
         xf = 0.0
-        if LIST_CAP > 0:
+        if LCAP > 0:
             xf = tl.load(st_xf + row)
         if PTX:
             y = tl.div_rn(1.0, t)
             if fast_division_ok(t, m, t_lo):
                 total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
-                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LIST_CAP, LG, PTX, True)
+                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, True)
             else:
                 total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
-                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LIST_CAP, LG, PTX, False)
+                                   cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)
         else:
             total = _hist_span(x_ptr, row_off, start, end, t, t, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
-                               cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LIST_CAP, LG, PTX, False)   # (y unused)
+                               cand_n, BLOCK, NBH, EXACT_EXP, HIST_SKIP, LCAP, LG, PTX, False)   # (y unused)
         tl.store(p_mass + part, total)
-        if BRACKET_HERE:
-            tl.debug_barrier()
-            if tl.atomic_add(st_arrive + row, 1, sem="acq_rel") == NSPLIT - 1:
-                bracket_row(row, t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first,
-                            st_last, st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT, ALL, NBH, CAP, LCAP,
-                            PRELIST, LG)
 
 
 @triton.jit
@@ -322,49 +310,39 @@ def bracket_kernel(t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_pt
                    st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT: tl.constexpr, ALL: tl.constexpr,
                    NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr,
                    LG: tl.constexpr):
-    """`bracket_row` of each BRACKET row, once (the collect programs and the finish read it),
-    when the hist pass does not make it (`KernelConfig.bracket_in_hist` off)."""
+    """The bracket of each BRACKET row, once (the collect programs and the finish read it). With
+    LCAP > 0, a row whose entries from the bracket's first bin up fit LCAP (less 1/16 for the
+    few that the x bound lets in below L) and whose candidates fit CAP becomes LEAN
+    (sample_lean.py); LISTED instead (counted in `prelisted`) when PRELIST and the hist pass's
+    list {x >= its bound} holds every x >= the row's xf and did not overflow. Every other
+    BRACKET row's counters are zeroed for its third pass."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == BRACKET:
-        bracket_row(row, t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
-                    st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT, ALL, NBH, CAP, LCAP, PRELIST, LG)
-
-
-@triton.jit
-def bracket_row(row, t_ptr, p_ptr, scale, st_stage, st_m, st_hlo, st_hinv, hist_ptr, p_mass, st_first, st_last,
-                st_count, st_lean_l, st_xf, cand_n, prelisted, NSPLIT: tl.constexpr, ALL: tl.constexpr,
-                NBH: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, PRELIST: tl.constexpr, LG: tl.constexpr):
-    """The bracket of a BRACKET row whose hist pass is complete. With LCAP > 0, a row whose
-    entries from the bracket's first bin up fit LCAP (less 1/16 for the few that the x bound
-    lets in below L) and whose candidates fit CAP becomes LEAN (sample_lean.py); LISTED instead
-    (counted in `prelisted`) when PRELIST and the hist pass's list {x >= its bound} holds every
-    x >= the row's xf and did not overflow. Every other BRACKET row's counters are zeroed for its
-    third pass. What other programs wrote (bins, list counters, masses) is read through L2."""
-    if PRELIST:
-        n_pre = list_depth(cand_n, row, LG)
-        xf_pre = tl.load(st_xf + row)
-        tl.debug_barrier()      # read before any warp rewrites them
-    lo = tl.load(st_hlo + row)
-    inv = tl.load(st_hinv + row)
-    m = tl.load(st_m + row)
-    first, last, count, upward = bracket(hist_ptr, row, lo, inv, m,
-                                         target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
-    tl.store(st_first + row, first)
-    tl.store(st_last + row, last)
-    tl.store(st_count + row, count)
-    stage = tl.full((), BRACKET, tl.int32)
-    if (LCAP > 0) & lean_fits(upward, LCAP, LG) & (count <= CAP):
-        L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
-        tl.store(st_lean_l + row, L)
-        tl.store(st_xf + row, xf)
-        stage = tl.full((), LEAN, tl.int32)
-        if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
-            if (xf_pre <= xf) & (n_pre <= LCAP // LG):      # {x >= xf_pre} holds {x >= xf}
-                stage = tl.full((), LISTED, tl.int32)
-                tl.atomic_add(prelisted, 1)
-        tl.store(st_stage + row, stage)
-    if stage != LISTED:
-        zero_counters(cand_n, row)
+        if PRELIST:
+            n_pre = list_depth(cand_n, row, LG)
+            xf_pre = tl.load(st_xf + row)
+            tl.debug_barrier()      # read before any warp rewrites them
+        lo = tl.load(st_hlo + row)
+        inv = tl.load(st_hinv + row)
+        m = tl.load(st_m + row)
+        first, last, count, upward = bracket(hist_ptr, row, lo, inv, m,
+                                             target_of(tl.load(p_ptr + row), p_mass, row, NSPLIT), scale, ALL, NBH)
+        tl.store(st_first + row, first)
+        tl.store(st_last + row, last)
+        tl.store(st_count + row, count)
+        stage = tl.full((), BRACKET, tl.int32)
+        if (LCAP > 0) & lean_fits(upward, LCAP, LG) & (count <= CAP):
+            L, xf = lean_bound(lo, inv, first, m, tl.load(t_ptr + row), NBH)
+            tl.store(st_lean_l + row, L)
+            tl.store(st_xf + row, xf)
+            stage = tl.full((), LEAN, tl.int32)
+            if PRELIST:     # noqa: SIM102 - a compile-time (constexpr) test
+                if (xf_pre <= xf) & (n_pre <= LCAP // LG):      # {x >= xf_pre} holds {x >= xf}
+                    stage = tl.full((), LISTED, tl.int32)
+                    tl.atomic_add(prelisted, 1)
+            tl.store(st_stage + row, stage)
+        if stage != LISTED:
+            zero_counters(cand_n, row)
 
 
 @triton.jit

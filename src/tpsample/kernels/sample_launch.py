@@ -61,7 +61,7 @@ class Workspace:
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
-                  ("xf", rows, f32), ("arrive", rows, i32)]
+                  ("xf", rows, f32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -150,12 +150,6 @@ def filter_config(cfg: KernelConfig) -> KernelConfig:
     return dataclasses.replace(cfg, block=min(cfg.block, cfg.filter_block), programs_per_sm=pps)
 
 
-def maxnreg_option(maxnreg: int | None, cuda: bool) -> dict:
-    """A kernel's compile option beyond its warps: `maxnreg` on CUDA when set (the interpreter
-    takes no such option)."""
-    return {"maxnreg": maxnreg} if cuda and maxnreg is not None else {}
-
-
 @functools.lru_cache(maxsize=64)
 def _geometry(rows: int, cols: int, dev: torch.device, cfg: KernelConfig) -> tuple:
     """(splits, BB, TILE, CHUNK, number of BB blocks) of a launch shape (host arithmetic, once)."""
@@ -200,8 +194,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
-           prelist_blocks(nblk, cfg) if prelist else 0, ws.arrive, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap,
-           P=cfg.pivots, NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, num_warps=cfg.row_warps)
+           prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots,
+           NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so
@@ -211,19 +205,15 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         fallbacks, leans = fallback_counter(dev), lean_counter(dev)
         lcap = 2 * cfg.cap if cfg.lean else 0        # a LEAN row's column list, in cand_key's bytes
         if hints.any_top_p_alone:
-            here = cfg.bracket_in_hist
             HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, ws.stage, ws.m, ws.tkey,
-                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, p, ws.bfirst, ws.blast,
-                    ws.bcount, ws.lean_l, prelisted_counter(dev), ws.arrive, NSPLIT=splits, CHUNK=chunk,
+                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, NSPLIT=splits, CHUNK=chunk,
                     BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
-                    HIST_SKIP=cfg.hist_skip, LIST_CAP=lcap if prelist else 0, LG=cfg.list_groups, PTX=cuda,
-                    BRACKET_HERE=here, ALL=min(cfg.bracket_all, cfg.cap), CAP=cfg.cap, LCAP=lcap, PRELIST=prelist,
-                    num_warps=cfg.hist_warps or nw, **maxnreg_option(cfg.hist_maxnreg, cuda))
-            if not here:
-                BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass,
-                           ws.bfirst, ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev),
-                           NSPLIT=splits, ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap,
-                           LCAP=lcap, PRELIST=prelist, LG=cfg.list_groups, num_warps=cfg.row_warps)
+                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0, LG=cfg.list_groups, PTX=cuda,
+                    num_warps=cfg.hist_warps or nw)
+            BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
+                       ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,
+                       ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap,
+                       PRELIST=prelist, LG=cfg.list_groups, num_warps=cfg.row_warps)
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
@@ -237,7 +227,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                x, x.stride(0), t, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids, leans,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
                EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=cfg.lean_read_cols, NBH=cfg.hist_bins,
-               LG=cfg.list_groups, num_warps=cfg.row_warps, **maxnreg_option(cfg.finish_maxnreg, cuda))
+               LG=cfg.list_groups, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

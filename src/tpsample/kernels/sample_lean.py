@@ -45,6 +45,7 @@ from .sample_bracket import (
     target_of,
 )
 from .sample_scan import fp32_nonan
+from .sample_state import CN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max
 
 
@@ -66,32 +67,56 @@ def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl
 
 
 @triton.jit
+def _slots_valid(idx, slots, cnt, cand_n, row, FC: tl.constexpr, LG: tl.constexpr):
+    """Which of the slots idx (a chunk's, c + arange(FC) for c a multiple of FC) hold a listed
+    column: `list_slot_valid`, with the counters of each lane's group read once (`cnt`) when
+    every chunk's lanes fall in the same groups (FC a multiple of LG)."""
+    if FC % LG == 0:
+        ok = (idx < slots) & ((idx // LG) < cnt)
+    else:
+        ok = (idx < slots) & list_slot_valid(cand_n, row, idx, LG)
+    return ok
+
+
+@triton.jit
 def _split_listed(row, slots, cand_n, xrow, t, L, lo, inv, last, m, scale, one, k0, k1, col_offset, ids_ptr,
                   cand_id, CAP: tl.constexpr, LCAP: tl.constexpr, FC: tl.constexpr, NBH: tl.constexpr,
                   EXACT_EXP: tl.constexpr, LG: tl.constexpr):
     """Over the list's first `slots` slots (the listed columns and the holes between groups):
     (mass, Gumbel winner) of the entries above the bracket, and the bracket's candidates'
-    columns written to cand_id (their number returned; past CAP counted, not stored)."""
+    columns written to cand_id (their number returned; past CAP counted, not stored). The reads
+    are pipelined: a chunk's x gather and the next chunk's ids load are issued before the
+    chunk before them is worked on, so their latency hides behind that work."""
     m_above = tl.zeros((), tl.int64)
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
     nb = tl.zeros((), tl.int32)
+    lane = tl.arange(0, FC)
+    ids_row = ids_ptr + row.to(tl.int64) * LCAP
+    cnt = tl.load(cand_n + row * CN + (lane % LG) * (CN // LG))     # each lane's group's count
+    valid = _slots_valid(lane, slots, cnt, cand_n, row, FC, LG)
+    ids = tl.load(ids_row + lane, mask=valid, other=0)
+    xv = tl.load(xrow + ids, mask=valid, other=NEG_INF)
+    valid1 = _slots_valid(FC + lane, slots, cnt, cand_n, row, FC, LG)
+    ids1 = tl.load(ids_row + FC + lane, mask=valid1, other=0)
     for c in range(0, slots, FC):
-        idx = c + tl.arange(0, FC)
-        valid = (idx < slots) & list_slot_valid(cand_n, row, idx, LG)
-        ids = tl.load(ids_ptr + row.to(tl.int64) * LCAP + idx, mask=valid, other=0)
-        l = div_t(fp32_nonan(tl.load(xrow + ids, mask=valid, other=NEG_INF)), t)
+        valid2 = _slots_valid(c + 2 * FC + lane, slots, cnt, cand_n, row, FC, LG)
+        ids2 = tl.load(ids_row + c + 2 * FC + lane, mask=valid2, other=0)
+        xv1 = tl.load(xrow + ids1, mask=valid1, other=NEG_INF)
+        l = div_t(fp32_nonan(xv), t)
         keep = valid & (l >= L) & (l > NEG_INF)
         above = keep & (bin_of(l, lo, inv, NBH) > last)
         inb = keep & ~above
         m_above += tl.sum(tl.where(above, mass(l, m, scale, one, EXACT_EXP), 0), axis=0)
-        if tl.max(above.to(tl.int32), axis=0) > 0:
+        if tl.max(above.to(tl.int32), axis=0) > 0:     # (none when the bracket reaches the top bin)
             g = gumbel_from_bits(uniform_bits(k0, k1, ids + col_offset))
             v, i = argmax_pair(tl.where(above, l + g, NEG_INF), tl.where(above, ids, BIG_ID32))
             best_v, best_i = pair_max(best_v, best_i, v, i)
         pos = nb + tl.cumsum(inb.to(tl.int32), 0) - 1
         tl.store(cand_id + row.to(tl.int64) * CAP + pos, ids, mask=inb & (pos < CAP))
         nb += tl.sum(inb.to(tl.int32), axis=0)
+        valid, ids, xv = valid1, ids1, xv1
+        valid1, ids1 = valid2, ids2
     return m_above, best_v, best_i, nb
 
 

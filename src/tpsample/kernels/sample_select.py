@@ -117,7 +117,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, pre_k,
-                  st_arrive, NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
+                  NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr, NBH: tl.constexpr, PRELIST_ALL: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
@@ -155,7 +155,6 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
                 tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
-                tl.store(st_arrive + row, 0)        # the hist pass's programs count their arrivals
                 # the guessed list for every such row (PRELIST_ALL), or only with min-p, whose
                 # threshold bounds it
                 k_pre = pre_k
