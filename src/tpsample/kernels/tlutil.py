@@ -93,7 +93,7 @@ def kept_mass(l, keep, m, scale, EXACT_EXP: tl.constexpr):
 def count_where(base, idx, mask, PTX: tl.constexpr):
     """base[idx] += 1 (int32, relaxed, no result) in every lane where `mask` (idx >= 0 there;
     base one pointer for every lane). PTX (CUDA only): one predicated `red` per lane, an
-    elementwise op that keeps the operands' register layout, its address one `mad.wide.u32`;
+    elementwise op that keeps the operands' register layout, its address formed in the asm;
     `tl.atomic_add` instead branches around each lane's atomic and, being a memory op, takes its
     own layout (a shuffle through shared memory per step of a streaming pass)."""
     if PTX:
