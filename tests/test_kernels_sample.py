@@ -276,7 +276,7 @@ def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind):
     """`list_groups` spreads a row's list appends over several counters (slot i * G + g of group
     g, holes between groups): exact tokens, and the same lean, listed and fallback counts as one
     counter, both for the lean pass's list and the hist pass's (several programs a row too).
-    8 groups, the most spread; every other test runs the default's 4."""
+    8 groups against one; every other test runs the default's 4."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 5)
     x = logits(kind, len(TOP_P_ALONE), 1500, gen)
     for extra in ({"lean_prelist_all": False}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
