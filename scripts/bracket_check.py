@@ -1,6 +1,7 @@
-"""Full-size check of the top-p bracket pass on a GPU: tokens against the torch twin, and how
-many rows fell back to the exact search or were listed by the hist pass (randn and Zipf-like
-logits, several top-p / min-p).
+"""Full-size check of top-p without top-k on a GPU: tokens against the torch twin, and how many
+rows the list kernel settled, how many the lean pass settled (the rest took the bracket's collect
+pass) and how many fell back to the exact search (randn and Zipf-like logits, several top-p /
+min-p).
     python scripts/bracket_check.py [rows] [vocab]
 Prints one line per case and ends with one JSON line."""
 import json
@@ -10,8 +11,8 @@ import torch
 
 from tpsample import noise
 from tpsample.kernels import torch_ref
+from tpsample.kernels.config import fallback_counter, lean_counter, listed_counter
 from tpsample.kernels.dispatch import sample_rows
-from tpsample.kernels.config import fallback_counter, prelisted_counter
 
 
 def logits(kind, rows, vocab, gen):
@@ -36,14 +37,14 @@ def main():
                              device="cuda")
             k0, k1 = noise.row_keys(torch.arange(rows, device="cuda") + 5, torch.arange(rows, device="cuda"),
                                     noise.SALT_DRAW)
-            counters = (fallback_counter(x.device), prelisted_counter(x.device))
+            counters = (fallback_counter(x.device), listed_counter(x.device), lean_counter(x.device))
             before = [int(c.item()) for c in counters]
             got, valid = sample_rows(x, t, k, p, lmp, k0, k1)
-            fell, listed = (int(c.item()) - b for c, b in zip(counters, before))
+            fell, listed, lean = (int(c.item()) - b for c, b in zip(counters, before))
             want, _ = torch_ref.sample_rows(x, t, k, p, lmp, k0, k1)
             same = int((got == want).sum())
             line = {"logits": kind, "T": temp, "top_p": top_p, "min_p": min_p, "rows": rows,
-                    "same_tokens": same, "fallback_rows": fell, "listed_rows": listed}
+                    "same_tokens": same, "listed_rows": listed, "lean_rows": lean, "fallback_rows": fell}
             print(line)
             out.append(line)
     print(json.dumps({"bench": "bracket_check", "results": out}))

@@ -1,10 +1,13 @@
 """A kernel's SASS for sm_90 (H100 / H200) compiled on a machine without a GPU, with the
-instruction mix of its hottest loop: the bundled ptxas and nvdisasm do the work, so a change to
-a streaming pass can be weighed (instructions per loop step) before a GPU run.
-    python scripts/sass_local.py hist [out.sass]
-Kernels: hist (the top-p hist pass at 256 x 151,936's shape). Prints the instruction count and
-opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is static (an instruction on a
-branch not taken counts too); the GPU's Triton may be older than this one."""
+instruction mix of its hottest loop and its registers: the bundled ptxas, nvdisasm and cuobjdump
+do the work, so a change to a streaming pass can be weighed (instructions per loop step) before
+a GPU run.
+    python scripts/sass_local.py hist|bins|list [out.sass]
+Kernels at 256 x 151,936's shape: hist (the top-p hist pass: mass and list), bins (its bins
+mode), list (the list kernel). Prints the registers a thread and the instruction count and
+opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is
+static (an instruction on a branch not taken counts too); the GPU's Triton may be older than
+this one."""
 import collections
 import inspect
 import json
@@ -18,15 +21,25 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tpsample.kernels import sample_bracket
+from tpsample.kernels import sample_hist, sample_list
 
+_HIST_TYPES = {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "p_ptr": "*fp32", "scale": "fp32",
+               "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
+               "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32",
+               "st_arrive": "*i32", "st_first": "*i32", "st_last": "*i32", "st_count": "*i32", "st_lean_l": "*fp32"}
+_HIST_CONST = {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "LCAP": 4096, "LG": 4,
+               "PTX": True, "ALL": 256, "CAP": 2048, "LEAN": True}
+OPTIONS = {"bins": {"maxnreg": 96}}     # compile options beyond the warps, as sample_launch passes them
 SHAPES = {   # kernel: (function, argument types, constexprs, warps)
-    "hist": (sample_bracket.hist_kernel,
-             {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "scale": "fp32",
-              "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
-              "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32"},
-             {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "HIST_SKIP": False,
-              "LCAP": 4096, "LG": 4, "PTX": True}, 4),
+    "hist": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=True, BINS=False), 4),
+    "bins": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=False, BINS=True), 4),
+    "list": (sample_list.list_kernel,
+             {"x_ptr": "*fp32", "stride": "i32", "t_ptr": "*fp32", "p_ptr": "*fp32", "key0_ptr": "*i64",
+              "key1_ptr": "*i64", "col_offset": "i32", "scale": "fp32", "one": "i64", "st_stage": "*i32",
+              "st_m": "*fp32", "st_tkey": "*i64", "st_raw": "*i32", "st_token": "*i64", "st_valid": "*i1",
+              "st_xf": "*fp32", "p_mass": "*i64", "ids_ptr": "*i32", "cand_n": "*i32", "hist_ptr": "*i32",
+              "st_arrive": "*i32", "listed": "*i32"},
+             {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "EXACT_EXP": True}, 8),
 }
 
 
@@ -39,12 +52,16 @@ def compile_sass(name: str) -> str:
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if p in types and (types[p].startswith("*") or p in ("stride", "ncols"))}
     k = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps})
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+                       options={"num_warps": warps, **OPTIONS.get(name, {})})
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
-        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return sass, {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
 
 
 def loops(sass: str) -> list[list[str]]:
@@ -62,7 +79,8 @@ def loops(sass: str) -> list[list[str]]:
 
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "hist"
-    sass = compile_sass(name)
+    sass, usage = compile_sass(name)
+    print(f"{name}: {usage.get('REG')} registers a thread, {usage.get('LOCAL', 0)} bytes of local memory")
     if len(sys.argv) > 2:
         with open(sys.argv[2], "w") as f:
             f.write(sass)
@@ -76,7 +94,7 @@ def main():
         print(f"{name}: loop {k}, {len(loop)} instructions: "
               + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
         out.append({"instructions": len(loop), "opcodes": dict(ops.most_common())})
-    print(json.dumps({"kernel": name, "loops": out}))
+    print(json.dumps({"kernel": name, "usage": usage, "loops": out}))
 
 
 if __name__ == "__main__":

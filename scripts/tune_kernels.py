@@ -3,11 +3,12 @@
 For each case and size and each variant that applies to it: the device time of the sampling
 kernels per call (torch profiler; the host-side parameter conversions of this low-level entry
 point are left out) and of each kernel, with a check that every variant gives the default's
-tokens, and how many rows took the lean top-p pass (of them, how many the hist pass had already
-listed) or fell back to the exact search.
-    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,draw_w4c512] [TOKENS=f.pt] python scripts/tune_kernels.py [rows ...]
+tokens, and how many top-p rows the list kernel settled, how many the lean pass settled, and how
+many fell back to the exact search.
+    [CASES=topp,minp] [SKIP=b1024,p64] [VARIANTS=default,draw_w4c512] [TOKENS=f.pt] [ZIPF=1] python scripts/tune_kernels.py [rows ...]
 Prints a table per size and ends with one JSON line. TOKENS=f.pt saves the default's tokens per
-case and size (torch.save), to compare two versions of the code run one after the other."""
+case and size (torch.save), to compare two versions of the code run one after the other. ZIPF=1:
+Zipf-like rows (log of a Zipf law over a random permutation) instead of randn * 3."""
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import sys
 import torch
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter, prelisted_counter
+from tpsample.kernels.config import KernelConfig, fallback_counter, lean_counter, listed_counter
 from tpsample.kernels.dispatch import sample_rows
 
 CASES = {   # temperature, top_k, top_p, min_p
@@ -32,21 +33,15 @@ P = {"topp", "topp_minp", "topp95"}
 VARIANTS = {
     "default": (KernelConfig(), None),
     "no_lean": (KernelConfig(lean=False), P),
-    "no_prelist": (KernelConfig(lean_prelist=False), P),
-    # the guessed list for top-p rows without min-p too, aiming at fewer entries a row
-    "pl_all": (KernelConfig(lean_prelist_all=True), P),
-    "pl_all_r2048": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048), P),
-    "pl_all_r1536": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1536), P),
-    "pl_all_r1024": (KernelConfig(lean_prelist_all=True, lean_prelist_room=1024), P),
-    # the list's appends spread over 4 / 8 counters a row, alone and with the guessed list for every top-p row
-    "lg4": (KernelConfig(list_groups=4), P),
+    # the guessed list aiming at fewer entries a row; the list kernel's warps
+    "room2048": (KernelConfig(list_room=2048), P),
+    "room1536": (KernelConfig(list_room=1536), P),
+    "lw4": (KernelConfig(list_warps=4), P),
+    "lw16": (KernelConfig(list_warps=16), P),
+    # the list's appends through 8 counters a row
     "lg8": (KernelConfig(list_groups=8), P),
-    "pl_all_lg4": (KernelConfig(lean_prelist_all=True, list_groups=4), P),
-    "pl_all_lg8": (KernelConfig(lean_prelist_all=True, list_groups=8), P),
-    "pl_all_r2048_lg8": (KernelConfig(lean_prelist_all=True, lean_prelist_room=2048, list_groups=8), P),
     "lb1024": (KernelConfig(lean_block=1024), P),
-    "hskip": (KernelConfig(hist_skip=True), P),
-    "hb128w1": (KernelConfig(hist_block=None, hist_warps=None, hist_skip=True), P),     # the earlier hist shape
+    "nopack": (KernelConfig(list_pack=False), P),     # the list's slots claimed one atomic per entry
     "rw1": (KernelConfig(row_warps=1), F),
     "rw2": (KernelConfig(row_warps=2), F),
     "rw8": (KernelConfig(row_warps=8), F),
@@ -65,13 +60,17 @@ VARIANTS = {
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these
 PICK = [v for v in os.environ.get("VARIANTS", "").split(",") if v]  # VARIANTS=default,draw_w4c512: only these
-OURS = ("scan_kernel", "select_kernel", "hist_kernel", "bracket_kernel", "round_kernel", "finish_kernel",
-        "drain_kernel")
+OURS = ("scan_kernel", "select_kernel", "hist_kernel", "list_kernel", "bracket_kernel", "round_kernel",
+        "finish_kernel", "drain_kernel")      # (bracket_kernel: the code before the list kernel)
 
 
 def args_for(case, rows, vocab, gen):
     t, k, p, mp = CASES[case]
-    x = torch.randn(rows, vocab, device="cuda", generator=gen) * 3
+    if os.environ.get("ZIPF"):
+        ranks = torch.argsort(torch.rand(rows, vocab, device="cuda", generator=gen), dim=1) + 1
+        x = -1.1 * torch.log(ranks.float())
+    else:
+        x = torch.randn(rows, vocab, device="cuda", generator=gen) * 3
     dev = x.device
     lmp = float("-inf") if mp == 0 else float(torch.log(torch.tensor(mp)))
     k0, k1 = noise.row_keys(torch.arange(rows, device=dev) + 5, torch.arange(rows, device=dev), noise.SALT_DRAW)
@@ -110,12 +109,12 @@ def main():
             for name, (cfg, cases) in VARIANTS.items():
                 if (cases is not None and case not in cases) or name in SKIP or (PICK and name not in PICK):
                     continue
-                counters = (lean_counter("cuda"), prelisted_counter("cuda"), fallback_counter("cuda"))
+                counters = (listed_counter("cuda"), lean_counter("cuda"), fallback_counter("cuda"))
                 before = [int(c.item()) for c in counters]
                 got = sample_rows(*a, cfg=cfg)[0]
                 paths = tuple(int(c.item()) - b for c, b in zip(counters, before))
                 kernels[name] = per_kernel(lambda cfg=cfg: sample_rows(*a, cfg=cfg))
-                kernels[name]["lean_rows, prelisted_rows, fallback_rows"] = paths
+                kernels[name]["listed_rows, lean_rows, fallback_rows"] = paths
                 line[name] = (round(sum(v for v in kernels[name].values() if isinstance(v, float)), 1),
                               bool(torch.equal(got, want)))
             best = min(line, key=lambda n: line[n][0])

@@ -102,19 +102,20 @@ others = [P(temperature=0.8, top_k=20, top_p=0.9, seed=4), P(min_p=0.05, seed=5)
 for i, p in enumerate(top_p + others):
     s.add_request(str(i), p, [1, 2, 3])
 ids = [str(i) for i in range(len(top_p) + len(others))]
-before = s.kernel_lean_rows(), s.kernel_fallback_rows()
+counts = (s.kernel_listed_rows, s.kernel_lean_rows, s.kernel_fallback_rows)
+before = [c() for c in counts]
 g = torch.Generator().manual_seed(0)
 for _ in range(2):
     s.sample(torch.randn(len(ids), V, generator=g) * 3, s.plan(ids))
-print("RESULT" + json.dumps({"lean": s.kernel_lean_rows() - before[0],
-                             "fallback": s.kernel_fallback_rows() - before[1]}))
+print("RESULT" + json.dumps(dict(zip(("listed", "lean", "fallback"), [c() - b for c, b in zip(counts, before)]))))
 """
 
 
-def test_the_sampler_counts_the_top_p_rows_its_kernels_resolved_lean():
-    """Top-p rows without top-k (min-p allowed) on ordinary logits take the lean pass, and the
-    sampler says so; top-k, min-p-only and greedy rows never count there, and nothing falls back."""
+def test_the_sampler_counts_the_top_p_rows_its_kernels_settled_from_their_list():
+    """Top-p rows without top-k (min-p allowed) on ordinary logits are settled from their list,
+    and the sampler says so; top-k, min-p-only and greedy rows never count there, none takes the
+    lean pass and nothing falls back."""
     env = dict(os.environ, TRITON_INTERPRET="1", TPSAMPLE_KERNELS_ON_CPU="1")
     res = subprocess.run([sys.executable, "-c", COUNTS], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert _result(res.stdout) == {"lean": 8, "fallback": 0}     # 4 top-p rows x 2 steps
+    assert _result(res.stdout) == {"listed": 8, "lean": 0, "fallback": 0}     # 4 top-p rows x 2 steps

@@ -4,7 +4,9 @@ change that adds launches or per-step Python shows here before it shows on a GPU
 
 The bounds are the counts measured when this test was written (238 / 262 / 275 Python calls and
 5 / 8 / 10 launches for greedy / top-k + top-p / top-p alone at 64 rows) with a ~15% margin on
-the calls; raise one only with a measured reason."""
+the calls; raise one only with a measured reason. Top-p alone later took an 11th launch: the
+list kernel, which settles such rows from one list, and the bins pass for the rows it leaves
+replaced the bracket kernel (device time 207 -> see docs/benchmarks.md)."""
 import cProfile
 import pstats
 
@@ -18,7 +20,7 @@ ROWS, V = 64, 2048
 CASES = {
     "greedy": ({"temperature": 0.0}, 5, 275),
     "top_k_top_p": ({"temperature": 0.8, "top_k": 50, "top_p": 0.9}, 8, 300),
-    "top_p": ({"temperature": 0.8, "top_p": 0.9}, 10, 320),
+    "top_p": ({"temperature": 0.8, "top_p": 0.9}, 11, 320),
 }
 
 

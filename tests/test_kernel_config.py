@@ -8,7 +8,7 @@ BAD = [("block", 100), ("filter_block", 0), ("scan_cols", 3), ("plain_scan_cols"
        ("small", 6), ("pivots", 512), ("bins", 3), ("hist_bins", 1000), ("num_warps", 64), ("scan_warps", 3),
        ("row_warps", 0), ("splits", 3), ("block_max_cols", 24), ("block", True), ("block", 256.0),
        ("programs_per_sm", 0), ("filter_programs_per_sm", -1), ("bracket_all", -1), ("lean", 1),
-       ("lean_prelist", "yes"), ("lean_prelist_all", None), ("lean_prelist_room", 0), ("lean_prelist_room", 2.5),
+       ("list_pack", "yes"), ("list_room", 0), ("list_room", 2.5), ("list_warps", 3), ("list_warps", 64),
        ("list_groups", 3), ("list_groups", 64), ("draw_scan_cols", 100), ("draw_scan_warps", 64)]
 
 

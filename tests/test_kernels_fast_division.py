@@ -1,5 +1,5 @@
 """The hist pass's division without a division (`tlutil.div_by`: x * (1 / T) and two FMAs) is
-IEEE x / T bit for bit wherever `sample_bracket.fast_division_ok` lets a row use it, and the
+IEEE x / T bit for bit wherever `sample_hist.fast_division_ok` lets a row use it, and the
 rows it refuses are those whose extreme entries could tell the two apart; and the bisections
 of the top-k / top-p thresholds take as many steps as their interval needs.
 

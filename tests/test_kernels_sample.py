@@ -144,8 +144,9 @@ def test_strided_rows_and_column_offset():
     big = logits("randn", 5, 400, gen)
     x = big[:, 50:330]                        # row stride 400, unaligned start
     rows = [TEMPERATURE, (0.8, 50, 0.9, 0.0), GREEDY, (0.8, 0, 1.0, 0.05), (0.8, 0, 0.9, 0.0)]
-    for cfg in (DEFAULT, KernelConfig(bracket_all=0)):      # the top-p row, lean (and drawn above its bracket)
-        assert _leans_and_fallbacks(x, rows, cfg, col_offset=1000) == (1, 0)
+    assert _paths(x, rows, DEFAULT, col_offset=1000) == (1, 0, 0)      # the top-p row, from the list
+    for cfg in (KernelConfig(**NO_LIST), KernelConfig(bracket_all=0, **NO_LIST)):   # lean (and drawn above its bracket)
+        assert _paths(x, rows, cfg, col_offset=1000) == (0, 1, 0)
     check(x, rows, SPLIT, col_offset=77)
 
 
@@ -171,173 +172,145 @@ def test_skip_bounds_hold_at_extreme_magnitudes(cfg):
             check(x, [(t, *filt)] * 8, cfg)
 
 
-def _fallbacks_of(x, rows, cfg):
-    return _leans_and_fallbacks(x, rows, cfg)[1]
-
-
-def _leans_and_fallbacks(x, rows, cfg, col_offset=0):
-    """(rows the lean pass resolved, rows that fell back to the exact search) of one checked call."""
-    from tpsample.kernels.config import fallback_counter, lean_counter
-    leans, falls = lean_counter(torch.device(DEV)), fallback_counter(torch.device(DEV))
-    before = int(leans.item()), int(falls.item())
+def _paths(x, rows, cfg, col_offset=0):
+    """(rows the list kernel settled, rows the lean pass settled, rows that fell back to the
+    exact search) of one checked call."""
+    from tpsample.kernels.config import fallback_counter, lean_counter, listed_counter
+    counters = [f(torch.device(DEV)) for f in (listed_counter, lean_counter, fallback_counter)]
+    before = [int(c.item()) for c in counters]
     check(x, rows, cfg, col_offset=col_offset)
-    return int(leans.item()) - before[0], int(falls.item()) - before[1]
+    return tuple(int(c.item()) - b for c, b in zip(counters, before))
 
 
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_top_p_without_top_k_is_settled_by_the_bracket_pass(kind):
-    """Top-p rows without top-k (min-p allowed) take the three-pass bracket method: exact tokens,
-    and on ordinary rows no row falls back to the one-program-per-row search."""
-    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(lean=False)) == 0
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(lean=False, splits=4, block=64, scan_cols=64)) == 0
+TOP_P_WIDE = [r for r in TOP_P_ALONE if r[2] > 0.01]     # rows that keep more than their top entry
+# rows whose kept set the guessed list holds on these logits (randn * 3, Zipf, ties; 1,500 columns)
+TOP_P_LISTED = [(0.8, 0, 0.9, 0.0), (1.3, 0, 0.3, 0.0), (1.0, 0, 0.0001, 0.0), (0.7, 0, 0.9, 0.05), (0.9, 0, 0.5, 0.1)]
+TOP_P_FLAT = [(2.0, 0, 0.99, 0.0), (1.0, 0, 0.999, 0.0)]     # ... and rows that keep most of the row
+NO_LIST = {"list_room": 1}      # the guessed list holds about one entry: it settles no such row
+KINDS = ["randn", "zipf", "ties"]
 
 
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(bracket_all=0),
-                                 KernelConfig(splits=4, block=64, scan_cols=64, lean_block=32, bracket_all=0),
-                                 KernelConfig(hist_skip=True, hist_block=128, hist_warps=2, lean_block=128)],
-                         ids=["default", "above_split", "many_programs", "other_shapes"])
-def test_rows_with_few_entries_from_the_bracket_up_are_resolved_exactly_by_the_lean_pass(kind, cfg):
-    """The lean pass lists the columns of x >= xf by one compare and resolves them per row (the
-    entries above the bracket massed and drawn from the list, v* certified from the bracket's
-    candidates): exact tokens, every row resolved there, none falls back."""
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cfg", [DEFAULT, KernelConfig(splits=4, block=64, scan_cols=64),
+                                 KernelConfig(hist_block=128, hist_warps=2, list_warps=2)],
+                         ids=["default", "many_programs", "other_shapes"])
+def test_top_p_without_top_k_is_settled_exactly_from_one_list(kind, cfg):
+    """Top-p rows without top-k (min-p allowed) are resolved from the hist pass's list by the
+    list kernel: exact tokens, every row settled there, none left to the bracket or the search.
+    Flat rows that keep more entries than the list holds take the bracket method, exactly."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 2)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    assert _leans_and_fallbacks(x, TOP_P_ALONE, cfg) == (len(TOP_P_ALONE), 0)
+    x = logits(kind, len(TOP_P_LISTED), 1500, gen)
+    assert _paths(x, TOP_P_LISTED, cfg) == (len(TOP_P_LISTED), 0, 0)
+    assert _paths(x[:len(TOP_P_FLAT)], TOP_P_FLAT, cfg) == (0, len(TOP_P_FLAT), 0)
 
 
-def test_a_lean_row_beside_every_other_kind_of_row_keeps_its_exact_token():
-    """Greedy, temperature, top-k, top-k + top-p, min-p and lean top-p rows in one batch, with
-    NaN and -inf entries in the top-p rows: every token exact, the top-p rows resolved lean."""
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cfg", [KernelConfig(**NO_LIST), KernelConfig(bracket_all=0, **NO_LIST),
+                                 KernelConfig(splits=4, block=64, scan_cols=64, lean_block=32, bracket_all=0,
+                                              **NO_LIST)],
+                         ids=["default", "above_split", "many_programs"])
+def test_rows_the_list_does_not_settle_take_the_lean_pass_exactly(kind, cfg):
+    """A list that holds less than p of the row's mass settles nothing: the row takes the bins
+    pass, whose last program a row makes its bracket, and then the lean pass (the entries above
+    the bracket massed and drawn from the lean list, v* certified from the bracket's candidates):
+    exact tokens, every row resolved there, none falls back."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 2)
+    x = logits(kind, len(TOP_P_WIDE), 1500, gen)
+    assert _paths(x, TOP_P_WIDE, cfg) == (0, len(TOP_P_WIDE), 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_the_list_does_not_settle_take_the_bracket_collect_exactly_without_the_lean_pass(kind):
+    """With the lean pass off, such rows collect their bracket's candidates (and, with nothing
+    collected beyond the bracket, the entries above it are massed and drawn by the collect pass
+    itself): exact tokens, and no row falls back."""
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 1)
+    x = logits(kind, len(TOP_P_WIDE), 1500, gen)
+    for extra in ({}, {"bracket_all": 0}, {"bracket_all": 0, "splits": 4, "block": 64, "scan_cols": 64}):
+        assert _paths(x, TOP_P_WIDE, KernelConfig(lean=False, **NO_LIST, **extra)) == (0, 0, 0)
+
+
+def test_a_top_p_row_beside_every_other_kind_of_row_keeps_its_exact_token():
+    """Greedy, temperature, top-k, top-k + top-p, min-p and top-p rows in one batch, with NaN and
+    -inf entries in the top-p rows: every token exact, the top-p rows settled by the list, and
+    by the lean pass when the list settles nothing."""
     gen = torch.Generator().manual_seed(21)
     x = logits("randn", len(CONFIGS), 1200, gen)
     x[5, ::97] = float("nan")
     x[16, ::13] = NEG_INF
     alone = sum(1 for r in CONFIGS if r[1] == 0 and r[2] < 1.0)
-    assert _leans_and_fallbacks(x, CONFIGS, DEFAULT) == (alone, 0)
+    wide = sum(1 for r in CONFIGS if r[1] == 0 and 0.01 < r[2] < 1.0)
+    flat = sum(1 for r in CONFIGS if r in TOP_P_FLAT)
+    assert _paths(x, CONFIGS, DEFAULT) == (alone - flat, flat, 0)
+    listed, lean, fallback = _paths(x, CONFIGS, KernelConfig(**NO_LIST))
+    assert lean == wide and fallback == 0 and listed == alone - wide
 
 
-def _paths_and_listed(x, rows, cfg):
-    """((lean rows, fallback rows), rows the hist pass listed) of one checked call."""
-    from tpsample.kernels.config import prelisted_counter
-    listed = prelisted_counter(torch.device(DEV))
-    before = int(listed.item())
-    paths = _leans_and_fallbacks(x, rows, cfg)
-    return paths, int(listed.item()) - before
+def test_a_list_that_overflows_settles_nothing_and_the_row_keeps_its_exact_token():
+    """A list with less room than the entries above its guessed bound (a small CAP: the list
+    holds 2 * CAP) overflowed and is not read: rows the default list settles take the bracket
+    method instead, exactly."""
+    gen = torch.Generator().manual_seed(9)
+    rows = [(0.8, 0, 0.9, 0.0), (1.0, 0, 0.9, 0.0), (0.7, 0, 0.8, 0.0)]
+    x = logits("randn", len(rows), 1500, gen)
+    assert _paths(x, rows, DEFAULT)[0] == len(rows)
+    assert _paths(x, rows, KernelConfig(cap=16, small=8))[0] == 0
 
 
-TOP_P_MIN_P = [(0.8, 0, 0.9, 0.05), (0.9, 0, 0.9, 0.02), (1.3, 0, 0.5, 0.1), (0.7, 0, 0.95, 0.01),
-               (1.0, 0, 0.999, 0.2)]
-
-
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_lean_rows_listed_by_the_hist_pass_skip_their_third_pass_with_the_same_tokens(kind):
-    """With `lean_prelist` the hist pass also lists, for top-p rows with min-p (every top-p row
-    by default, see the next test), the columns above a bound guessed from the block maxima; a
-    lean row whose list holds its own bound's and did not overflow is resolved from that list
-    (counted in `prelisted_counter`): exact tokens, the same lean and fallback counts as without
-    the list, no row counted when the list is off, and none for top-p rows without min-p when
-    only min-p rows are listed."""
-    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 3)
-    rows = TOP_P_MIN_P + [(0.8, 0, 0.9, 0.0)]
-    x = logits(kind, len(rows), 1500, gen)
-    only_min_p = KernelConfig(lean_prelist_all=False)
-    (on, n_on), (off, n_off), (split, n_split), (alone, n_alone) = [
-        _paths_and_listed(x[:len(batch)], batch, cfg) for batch, cfg in (
-            (rows, only_min_p), (rows, KernelConfig(lean_prelist=False)),
-            (rows, KernelConfig(lean_prelist_all=False, splits=4, block=64, scan_cols=64)),
-            (rows[-1:] * 4, only_min_p))]
-    assert on == off == split == (len(rows), 0)
-    assert n_on >= 2 and n_split >= 2 and n_off == 0
-    assert alone == (4, 0) and n_alone == 0
-
-
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_the_guessed_list_for_every_top_p_row_and_a_smaller_room_keep_the_tokens(kind):
-    """`lean_prelist_all` (the default) lists for top-p rows without min-p too, and
-    `lean_prelist_room` sets how many entries the guessed bound aims at: exact tokens and the
-    same lean and fallback counts as without the list; top-p-alone rows are listed, alike
-    through one counter or several, and a room too small for any row's bound covers fewer rows
-    than the default one."""
-    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 4)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    (off, _), (every, n_every), (small, n_small), (one, n_one) = [
-        _paths_and_listed(x, TOP_P_ALONE, cfg) for cfg in (
-            KernelConfig(lean_prelist=False), DEFAULT, KernelConfig(lean_prelist_room=8),
-            KernelConfig(list_groups=1))]
-    assert off == every == small == one
-    assert n_every >= 2 and n_small < n_every and n_one == n_every
-
-
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_lists_spread_over_several_counters_keep_the_tokens_and_the_paths(kind):
     """`list_groups` spreads a row's list appends over several counters (slot i * G + g of group
-    g, holes between groups): exact tokens, and the same lean, listed and fallback counts as one
-    counter, both for the lean pass's list and the hist pass's (several programs a row too).
+    g, holes between groups): exact tokens, and the same listed, lean and fallback counts as one
+    counter, both for the hist pass's list and the lean pass's (several programs a row too).
     8 groups against one; every other test runs the default's 4."""
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 5)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    for extra in ({"lean_prelist_all": False}, {}, {"splits": 4, "block": 64, "scan_cols": 64, "lean_block": 32}):
-        one = _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=1, **extra))
-        assert _paths_and_listed(x, TOP_P_ALONE, KernelConfig(list_groups=8, **extra)) == one
-        assert one[0] == (len(TOP_P_ALONE), 0)
+    x = logits(kind, len(TOP_P_LISTED), 1500, gen)
+    for extra, path in (({}, 0), (NO_LIST, 1), (dict(NO_LIST, splits=4, block=64, scan_cols=64, lean_block=32), 1)):
+        one = _paths(x, TOP_P_LISTED, KernelConfig(list_groups=1, **extra))
+        assert _paths(x, TOP_P_LISTED, KernelConfig(list_groups=8, **extra)) == one
+        assert one[path] >= 3 and one[2] == 0        # the list (or the lean pass) settles most rows
 
 
-def test_a_list_read_back_in_many_short_chunks_keeps_the_tokens_and_the_paths():
-    """The finish reads a listed row's list in chunks of `lean_read_cols` slots, each chunk's
-    reads issued before the chunk before it is worked on: exact tokens and the same lean, listed
-    and fallback counts in one chunk, in many (32 slots), and in chunks shorter than the list's
-    groups (2 slots, 4 groups: each chunk reads its groups' counts)."""
+def test_a_lean_list_read_back_in_many_short_chunks_keeps_the_tokens_and_the_paths():
+    """The finish reads a lean row's list in chunks of `lean_read_cols` slots, each chunk's
+    reads issued before the chunk before it is worked on: exact tokens and the same paths in one
+    chunk, in many (32 slots), and in chunks shorter than the list's groups (2 slots, 4 groups:
+    each chunk reads its groups' counts)."""
     gen = torch.Generator().manual_seed(zlib.crc32(b"randn") % 1000 + 6)
-    rows = TOP_P_ALONE[:4]
+    rows = TOP_P_WIDE[:4]
     x = logits("randn", len(rows), 600, gen)
-    one = _paths_and_listed(x, rows, KernelConfig(lean_read_cols=1024))
-    assert one[0] == (len(rows), 0) and one[1] >= 2
-    for fc in (32, 2):
-        assert _paths_and_listed(x, rows, KernelConfig(lean_read_cols=fc)) == one
+    for fc in (1024, 32, 2):
+        assert _paths(x, rows, KernelConfig(lean_read_cols=fc, **NO_LIST)) == (0, len(rows), 0)
 
 
 def _list_group(cols: torch.Tensor, groups: int) -> torch.Tensor:
     return (cols ^ (cols >> 2) ^ (cols >> 3) ^ (cols >> 5)) & (groups - 1)
 
 
-@pytest.mark.parametrize("prelist_all", [False, True])
-def test_a_list_crowded_into_one_counter_falls_back_exactly(prelist_all):
+def test_a_list_crowded_into_one_counter_is_not_trusted_and_falls_back_exactly():
     """When every listed column belongs to one of 8 counters, that group overflows its share of
-    the list though the whole list would fit: the row is not resolved from the truncated list but
-    by the exact search (counted), with the exact token; one counter resolves it lean."""
+    the list though the whole list would fit: neither the hist pass's list nor the lean pass's
+    is read truncated; the rows take the exact search (counted), with the exact token. One
+    counter settles them from the hist pass's list."""
     gen = torch.Generator().manual_seed(31)
     rows = [(0.8, 0, 0.9, 0.0)] * 3
     x = torch.randn(len(rows), 1500, generator=gen)
     cols = torch.arange(1500)
     hot = cols[_list_group(cols, 8) == 0][:30]
     x[:, hot] = 12.0 + 0.01 * torch.randn(len(rows), len(hot), generator=gen)      # ~27 of them kept
-    small = {"cap": 64, "small": 32, "lean_prelist_all": prelist_all, "splits": 1}   # one program a row: steps
-    # start at multiples of the step, where a column's counter is _list_group of the column
-    assert _leans_and_fallbacks(x, rows, KernelConfig(**small)) == (len(rows), 0)
-    assert _leans_and_fallbacks(x, rows, KernelConfig(list_groups=8, **small))[1] == len(rows)
-
-
-@pytest.mark.parametrize("kind", ["randn", "zipf", "ties"])
-def test_entries_above_the_bracket_give_their_mass_and_winner_exactly(kind):
-    """With no entry collected beyond the bracket (bracket_all=0) and the lean pass off, the kept
-    entries above it are drawn and massed by the collect pass itself: exact tokens, and still no
-    fallback."""
-    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 1)
-    x = logits(kind, len(TOP_P_ALONE), 1500, gen)
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, lean=False)) == 0
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(bracket_all=0, lean=False, splits=4, block=64,
-                                                      scan_cols=64)) == 0
+    # one program a row (steps start at multiples of the step, where a column's counter is
+    # _list_group of the column); the guessed list aims at the hot columns
+    small = {"cap": 64, "small": 32, "splits": 1, "list_room": 32}
+    assert _paths(x, rows, KernelConfig(**small)) == (len(rows), 0, 0)
+    assert _paths(x, rows, KernelConfig(list_groups=8, **small)) == (0, 0, len(rows))
 
 
 def test_a_bracket_too_wide_for_the_candidates_falls_back_exactly():
     """A bracket holding more than CAP entries takes the exact search: counted, same tokens."""
     gen = torch.Generator().manual_seed(8)
     x = logits("randn", len(TOP_P_ALONE), 1000, gen)
-    assert _fallbacks_of(x, TOP_P_ALONE, KernelConfig(hist_bins=16, cap=8, small=4, splits=2, block=64,
-                                                      scan_cols=64)) > 0
+    assert _paths(x, TOP_P_ALONE, KernelConfig(hist_bins=16, cap=8, small=4, splits=2, block=64,
+                                               scan_cols=64))[2] > 0
 
 
 @pytest.mark.gpu
@@ -368,19 +341,17 @@ def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_paramete
                     np.full(n, -1), np.zeros(n, bool), np.zeros(n, bool))
     from_host, from_params = hints_from_host(host, 1000), hints_from_params(t, k, p, lmp, 1000)
     assert from_host == from_params
-    assert from_host.any_top_p_min_p == any(r[0] > 0 and r[1] == 0 and r[2] < 1 and r[3] > 0 for r in rows)
     assert from_host.any_top_p_alone == any(r[0] > 0 and r[1] == 0 and r[2] < 1 for r in rows)
 
 
-def test_unknown_hints_turn_on_every_path_the_tokens_need_but_not_the_min_p_list():
-    """The ops' hints = -1 (device tensors, traced calls): every hint that decides which rows
-    the kernels handle is on; the top-p + min-p hint, which only chooses work (the list for such
-    rows under `lean_prelist_all=False`), is off. Known bits round-trip field by field."""
+def test_unknown_hints_turn_on_every_path_and_known_bits_round_trip():
+    """The ops' hints = -1 (device tensors, traced calls): every hint is on. Known bits
+    round-trip field by field."""
     import dataclasses
 
     from tpsample.ops.table import HINT_FIELDS, hints_from_bits, hints_to_bits
     unknown = hints_from_bits(-1)
-    assert [f for f in HINT_FIELDS if not getattr(unknown, f)] == ["any_top_p_min_p"]
+    assert all(getattr(unknown, f) for f in HINT_FIELDS)
     assert [f.name for f in dataclasses.fields(unknown)] == list(HINT_FIELDS)
-    for bits in (0, 1, 0b10101, 0b111111, 0b100000):
+    for bits in (0, 1, 0b10101, 0b11111, 0b10000):
         assert hints_to_bits(hints_from_bits(bits)) == bits

@@ -92,12 +92,13 @@ def test_a_call_whose_inputs_share_a_tensor_is_never_recorded(sites):
     assert ops.sample(x, **shared).token_ids.tolist() != want      # min_p 0.9: (nearly) the argmax
 
 
-@pytest.mark.parametrize(("logprobs", "most_launches", "most_calls"), [(None, 9, 390), (5, 12, 410)])
+@pytest.mark.parametrize(("logprobs", "most_launches", "most_calls"), [(None, 10, 390), (5, 13, 410)])
 def test_a_replayed_call_is_its_launches_and_bounded_python_calls(sites, monkeypatch, logprobs, most_launches,
                                                                   most_calls):
     """Measured when this test was written, 64 rows of top-p 0.9: 9 / 12 launches and 339 / 353
     Python calls per call (CPU parameter tensors, whose values the op checks on the host); the
-    bounds leave ~15 %. Raise one only with a measured reason. The counts do not grow with the
+    bounds leave ~15 %. Raise one only with a measured reason: one launch more since top-p rows
+    without top-k take the list kernel and the bins pass. The counts do not grow with the
     rows (356 / 374 calls at 8 and at 16 rows after the history flags; the interpreter's time
     does), so 16 rows are run."""
     rows = 16

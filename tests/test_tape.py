@@ -96,7 +96,8 @@ def test_the_automatic_replay_follows_a_moving_buffer(kernels_on_cpu, monkeypatc
 def test_a_replay_is_its_launches_and_a_bounded_number_of_python_calls(kernels_on_cpu, monkeypatch):
     """The replay's host work without the launches themselves (one C call each on a GPU): this
     batch (every filter, raw logprobs) is 13 launches and 107 Python calls in all (measured when
-    this test was written; the eager step makes about 400), bounded at 120."""
+    this test was written; the eager step makes about 400), bounded at 120; 14 launches since
+    top-p rows without top-k take the list kernel and the bins pass (one launch more)."""
     from tpsample import tape
     from tpsample.kernels import relaunch
     s = sampler()
@@ -110,5 +111,5 @@ def test_a_replay_is_its_launches_and_a_bounded_number_of_python_calls(kernels_o
     prof.enable()
     step.replay(xs[2]).token_lists()
     prof.disable()
-    assert len(launched) == 2 * len(step._launches) and 0 < len(step._launches) <= 13
+    assert len(launched) == 2 * len(step._launches) and 0 < len(step._launches) <= 14
     assert pstats.Stats(prof).total_calls <= 120

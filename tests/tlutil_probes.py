@@ -4,8 +4,8 @@ picks interpreted or compiled when this module is imported)."""
 import triton
 import triton.language as tl
 
-from tpsample.kernels.sample_bracket import fast_division_ok
-from tpsample.kernels.tlutil import bisection_steps, div_by
+from tpsample.kernels.sample_hist import fast_division_ok
+from tpsample.kernels.tlutil import bisection_steps, claim_slots, div_by
 
 
 @triton.jit
@@ -26,3 +26,11 @@ def guard(t_ptr, m_ptr, tlo_ptr, out_ptr):
 def steps_of(d_ptr, out_ptr, n):
     for i in range(n):       # one scalar at a time, as the bisections use it
         tl.store(out_ptr + i, bisection_steps(tl.load(d_ptr + i)))
+
+
+@triton.jit
+def claims(sel_ptr, line_ptr, slot_ptr, n, LG: tl.constexpr, GROUP_WORDS: tl.constexpr, BLOCK: tl.constexpr):
+    """claim_slots over n selection flags, one block of BLOCK per program: the slots and the counters."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    sel = tl.load(sel_ptr + offs, mask=offs < n, other=0)
+    tl.store(slot_ptr + offs, claim_slots(line_ptr, sel, LG, GROUP_WORDS), mask=offs < n)

@@ -38,14 +38,13 @@ class KernelConfig:
     bins: int = 256
     hist_bins: int = 2048      # the bracket histogram of top-p rows without top-k (a power of two)
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
-    lean: bool = True          # top-p alone: rows with <= 2 * cap entries from the bracket up take the lean pass
+    list_room: int = 3072      # top-p alone: entries a row's guessed list aims at (it holds up to 2 * cap)
+    list_groups: int = 4       # counters a row's list appends through (atomics spread over addresses)
+    list_pack: bool = True     # CUDA: the hist pass claims list slots with one atomic per 4 entries a thread
+    list_warps: int = 8        # the list kernel (one program a row holds its whole list)
+    lean: bool = True          # rows the list leaves: <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
-    lean_prelist: bool = True  # top-p, no top-k: the hist pass makes the lean list (sample_lean.py)
-    lean_prelist_all: bool = True      # ... for every such row (False: only those with min-p)
-    lean_prelist_room: int = 3072      # entries a row the guessed list aims at (it holds up to 2 * cap)
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
-    list_groups: int = 4       # counters a row's lean list appends through (atomics spread over addresses)
-    hist_skip: bool = False    # the hist pass tests each step for an entry in range before its atomics
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
     num_warps: int = 1         # round passes and stats / shard kernels
@@ -64,11 +63,11 @@ class KernelConfig:
             if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
         for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0),
-                         ("lean_prelist_room", 1)):
+                         ("list_room", 1)):
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("lean", "lean_prelist", "lean_prelist_all", "hist_skip"):
+        for name in ("lean", "list_pack"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
                 raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
@@ -85,7 +84,8 @@ _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plai
                 "draw_scan_cols": _COLS, "draw_scan_warps": 32, "cap": _COLS,
                 "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
                 "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
-                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32}
+                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32,
+                "list_warps": 32}
 _OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps", "draw_scan_cols"}
 
 
@@ -128,14 +128,14 @@ def lean_counter(dev) -> torch.Tensor:
     return _device_counter(_LEANS, dev)
 
 
-_PRELISTED: dict = {}
+_LISTED: dict = {}
 
 
-def prelisted_counter(dev) -> torch.Tensor:
-    """[1] int32 on `dev`: the lean rows whose column list the hist pass had already made (top-p
-    rows without top-k), so that they skipped the lean pass (kernels/sample_lean.py). A device
-    tensor: read it off the hot path."""
-    return _device_counter(_PRELISTED, dev)
+def listed_counter(dev) -> torch.Tensor:
+    """[1] int32 on `dev`: top-p rows without top-k of every `sample_rows` call on this device so
+    far that the list kernel resolved from the hist pass's list (kernels/sample_list.py); the
+    others took the bracket method. A device tensor: read it off the hot path."""
+    return _device_counter(_LISTED, dev)
 
 
 def interpreting() -> bool:
@@ -201,16 +201,13 @@ class RowHints:
     """What the batch holds, known on the host (so the call needs no device sync and compiles
     only the code the batch needs): rows with filters (top-k, top-p or min-p), rows with top-k or
     top-p (which may need several rounds), greedy rows, plain rows (temperature only), rows with
-    top-p and no top-k (the bracket pass), and of those, rows with min-p (the hist pass's guessed
-    list under `KernelConfig(lean_prelist_all=False)`).
-    A hint may be True when no such row exists (slower), never False when one does; the last
-    only chooses work, so a False one there costs speed, never exactness."""
+    top-p and no top-k (the list and bracket passes).
+    A hint may be True when no such row exists (slower), never False when one does."""
     any_filter: bool = True
     any_top_k_or_p: bool = True
     any_greedy: bool = True
     any_plain: bool = True
     any_top_p_alone: bool = True
-    any_top_p_min_p: bool = True
 
     def __post_init__(self):
         _cache_hash(self)
@@ -231,7 +228,7 @@ def row_hints(temperature, top_k, top_p, min_p_on, vocab_size: int) -> RowHints:
     kp = sampled & (topk | (top_p < 1))
     filt = kp | (sampled & min_p_on)
     p_alone = sampled & (top_p < 1) & ~topk
-    flags = (filt, kp, ~sampled, sampled & ~filt, p_alone, p_alone & min_p_on)
+    flags = (filt, kp, ~sampled, sampled & ~filt, p_alone)
     if isinstance(temperature, torch.Tensor):
         return RowHints(*(bool(f) for f in torch.stack([f.any() for f in flags]).tolist()))
     return RowHints(*(bool(f.any()) for f in flags))

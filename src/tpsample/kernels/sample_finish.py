@@ -9,7 +9,7 @@
   masses), then collect it if it is small, else place the next pivots.
 - after BRACKET: resolve v* from the bracket's candidates and draw (sample_bracket.py); a
   bracket over CAP entries or one that does not certify starts the exact search (HIST).
-- after LEAN or LISTED: the same from the listed columns (sample_lean.py).
+- after LEAN: the same from the listed columns (sample_lean.py).
 Every row that starts the exact search from COLLECT, BRACKET or LEAN is counted in `fallbacks`.
 Rows still not DONE bump `pending`, which tells the host whether to run another round.
 """
@@ -28,7 +28,6 @@ from .sample_state import (
     FIRST,
     HIST,
     LEAN,
-    LISTED,
     PHASE_TOPP,
     draw_candidates,
     eligible_key,
@@ -258,7 +257,7 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                                st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
                                cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_count, fallbacks, NSPLIT, CAP,
                                SMALL, P, NB, EXACT_EXP)
-    elif ((STAGES & 8) != 0) & ((stage == LEAN) | (stage == LISTED)):
+    elif ((STAGES & 8) != 0) & (stage == LEAN):
         stage = after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset,
                            scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove,
                            st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass,

@@ -1,10 +1,9 @@
 """Host side of `sample_rows`: the workspace and the launch sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
-(rows x splits) and bracket_kernel (rows), only when some row has top-p without top-k; the
-hist pass also makes the lean pass's list (`sample_lean`; by default for every such row, with
-`lean_prelist_all=False` only when one has min-p)], one round
-[round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
+(rows x splits: mass and list), list_kernel (rows) and hist_kernel again (rows x splits: the bins
+of the rows the list left, and their brackets), only when some row has top-p without top-k], one
+round [round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
 drain_kernel (rows), which finishes the rows the round left searching (one program per row).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
 The workspace is O(rows x (V / BB + CAP)) bytes, one allocation per call (the caching
@@ -25,22 +24,26 @@ from .config import (
     _pow2,
     fallback_counter,
     lean_counter,
+    listed_counter,
     num_splits,
-    prelisted_counter,
 )
 from .launcher import Launcher, stream_scratch
-from .sample_bracket import bracket_kernel, hist_kernel
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
+from .sample_hist import hist_kernel
+from .sample_list import list_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
 from .sample_state import CN
 
-SCAN, SELECT, HIST, BRACKET, ROUND, FINISH, DRAIN = (
-    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, bracket_kernel, round_kernel, finish_kernel,
-                          drain_kernel))
+SCAN, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel, round_kernel,
+                          finish_kernel, drain_kernel))
 CN_STRIDE = CN.value         # int32s between two rows' candidate counters
+# registers a thread of the bins pass may take on CUDA: its bracket code (run by one program a
+# row) would take 168, and the loop's occupancy with them; 96 keeps the loop free of spills
+BINS_MAXNREG = 96
 
 
 class Workspace:
@@ -61,7 +64,7 @@ class Workspace:
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
-                  ("xf", rows, f32)]
+                  ("xf", rows, f32), ("arrive", rows, i32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -85,13 +88,13 @@ def block_max_cols(cols: int, cfg: KernelConfig) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def prelist_blocks(nblk: int, cfg: KernelConfig) -> int:
+def list_blocks(nblk: int, cfg: KernelConfig) -> int:
     """k of the block maximum that bounds the hist pass's guessed list. Were the row's
     values exchangeable, n entries above a bound would leave about nblk * (1 - exp(-n / nblk))
-    blocks with a maximum above it; k is that count for n = `lean_prelist_room` (by default 3/4
-    of the list's room), so the list usually fits and holds the kept set whenever the lean pass
-    could (docs/benchmarks.md)."""
-    room = cfg.lean_prelist_room
+    blocks with a maximum above it; k is that count for n = `list_room` (by default 3/4 of the
+    list's room), so the list usually fits and holds the kept set of a top-p row
+    (docs/benchmarks.md)."""
+    room = cfg.list_room
     return max(1, min(nblk, round(nblk * -math.expm1(-room / nblk))))
 
 
@@ -185,17 +188,16 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, cfg,
             tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
     nw = cfg.num_warps
-    prelist = (cfg.lean and cfg.lean_prelist and hints.any_top_p_alone
-               and (cfg.lean_prelist_all or hints.any_top_p_min_p))
+    lcap = 2 * cfg.cap          # a top-p row's column list, in cand_key's bytes read as int32
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
          num_warps=cfg.scan_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
-           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.hist, ws.xf,
-           prelist_blocks(nblk, cfg) if prelist else 0, NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots,
-           NB=cfg.bins, NBH=cfg.hist_bins, PRELIST_ALL=cfg.lean_prelist_all, num_warps=cfg.row_warps)
+           ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.xf,
+           list_blocks(nblk, cfg), NSPLIT=splits, NBP=_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
+           num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates
         # overflow or the bracket fails); the drain kernel finishes the others on the device, so
@@ -203,17 +205,22 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         scale = float(2.0 ** shift)
         stages = (3 if hints.any_top_k_or_p else 2) | (8 if hints.any_top_p_alone else 0)
         fallbacks, leans = fallback_counter(dev), lean_counter(dev)
-        lcap = 2 * cfg.cap if cfg.lean else 0        # a LEAN row's column list, in cand_key's bytes
         if hints.any_top_p_alone:
-            HIST.at(site, (rows, splits), x, x.stride(0), cols, t, scale, ws.stage, ws.m, ws.tkey,
-                    ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, NSPLIT=splits, CHUNK=chunk,
-                    BLOCK=cfg.hist_block or cfg.block, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
-                    HIST_SKIP=cfg.hist_skip, LCAP=lcap if prelist else 0, LG=cfg.list_groups, PTX=cuda,
-                    num_warps=cfg.hist_warps or nw)
-            BRACKET.at(site, (rows,), t, p, scale, ws.stage, ws.m, ws.hlo, ws.hinv, ws.hist, ws.p_mass, ws.bfirst,
-                       ws.blast, ws.bcount, ws.lean_l, ws.xf, ws.cand_n, prelisted_counter(dev), NSPLIT=splits,
-                       ALL=min(cfg.bracket_all, cfg.cap), NBH=cfg.hist_bins, CAP=cfg.cap, LCAP=lcap,
-                       PRELIST=prelist, LG=cfg.list_groups, num_warps=cfg.row_warps)
+            hb, hw = cfg.hist_block or cfg.block, cfg.hist_warps or nw
+            hist_args = (x, x.stride(0), cols, t, p, scale, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv, ws.hist,
+                         ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, ws.arrive, ws.bfirst, ws.blast, ws.bcount,
+                         ws.lean_l)
+            hist_shape = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=hb, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
+                              LCAP=lcap, LG=cfg.list_groups, PTX=cuda, ALL=min(cfg.bracket_all, cfg.cap),
+                              CAP=cfg.cap, LEAN=cfg.lean, num_warps=hw)
+            pack = cuda and cfg.list_pack and hb % (128 * hw) == 0     # 4 entries a thread, whole
+            HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
+            LIST.at(site, (rows,), x, x.stride(0), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m,
+                    ws.tkey, ws.raw, token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive,
+                    listed_counter(dev), NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins,
+                    EXACT_EXP=exact_exp, num_warps=cfg.list_warps)
+            BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
+                    **({"maxnreg": BINS_MAXNREG} if cuda else {}))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,

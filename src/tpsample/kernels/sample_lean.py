@@ -1,8 +1,9 @@
 """Top-p without top-k when few entries lie from the bracket up: the lean third pass (stage LEAN).
 
-The bracket (sample_bracket.py) bounds the bins that surely hold only dropped entries; when the
-entries from the first other bin up number at most LCAP (twice CAP: the candidate key list's
-bytes, read as int32 ids), the bracket kernel marks the row LEAN and stores
+For rows the list kernel did not settle (sample_list.py), the bracket (sample_bracket.py)
+bounds the bins that surely hold only dropped entries; when the entries from the first other
+bin up number at most LCAP (twice CAP: the candidate key list's bytes, read as int32 ids), the
+bins pass's `bracket_row` marks the row LEAN and stores
 - L: a value at or below every entry of that bin, and
 - xf: an x bound with div_rn(x, T) >= L  =>  x >= xf (so the pass never divides).
 
@@ -18,32 +19,13 @@ winner here), the others are the bracket's candidates, resolved by
 certified by float64(mass above) < p * S <= float64(mass above + candidates' mass). A list that
 overflowed, or a bracket that does not certify, starts the exact search (stage HIST) and is
 counted in `fallbacks`. Rows resolved here are counted in `leans`.
-
-The guessed list (`KernelConfig.lean_prelist`; for every top-p row with `lean_prelist_all`, the
-default, else only for those with min-p): the select kernel guesses an x bound from the block
-maxima (`sample_select.prelist_bound`: the k-th largest with k from
-`sample_launch.prelist_blocks`, or the range's lower edge when higher) and the hist pass lists
-x >= that bound as `lean_collect` would. A LEAN row whose guessed bound is at or below its own
-xf and whose list did not overflow is LISTED: it skips the lean pass and `after_lean` reads
-that list (its extra entries below L are dropped like the others). Measured on an H200
-(docs/benchmarks.md): with one counter a row, listing ~3k entries (top-p alone) cost the hist
-pass what the skipped pass saved; with the list's appends through 4 counters
-(`KernelConfig.list_groups`, `sample_bracket.list_columns`) it saves 10-13 % of the device time.
 """
 import triton
 import triton.language as tl
 
 from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import (
-    bin_of,
-    list_columns,
-    list_depth,
-    list_group,
-    list_slot_valid,
-    resolve_keys,
-    settle,
-    target_of,
-)
+from .sample_bracket import bin_of, resolve_keys, settle, target_of
+from .sample_list import list_columns, list_depth, list_group, list_slot_valid
 from .sample_scan import fp32_nonan
 from .sample_state import CN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, div_t, mass, order_key, pair_max

@@ -5,9 +5,10 @@ and min-p) it finds tau, a lower bound of the final threshold from the block max
 largest block maximum (k blocks each hold a value >= it), and min-p's t1. Every kept token has
 l >= tau, so the next pass collects {l >= tau} as candidates (stage COLLECT); if the block
 maxima show that more than CAP tokens pass tau, the row takes the exact search instead (stage
-HIST). Rows with top-p and no top-k take the bracket method (stage BRACKET, sample_bracket.py):
-their value range, and a zeroed histogram. Rows with min-p alone go straight to the masked draw
-(DRAW).
+HIST). Rows with top-p and no top-k are resolved from one list of columns (stage LIST,
+sample_list.py): the guessed x bound of that list, and the value range of the bracket method
+they take when the list does not settle them (sample_bracket.py). Rows with min-p alone go
+straight to the masked draw (DRAW).
 """
 import triton
 import triton.language as tl
@@ -15,13 +16,13 @@ import triton.language as tl
 from .sample_bracket import range_for_top_p, x_bound
 from .sample_scan import fp32_nonan, row_flags
 from .sample_state import (
-    BRACKET,
     COLLECT,
     DONE,
     DRAW,
     FAST,
     FILTER,
     GREEDY,
+    LIST,
     PLAIN,
     eligible_key,
     start_search,
@@ -89,14 +90,11 @@ def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: 
 
 
 @triton.jit
-def prelist_bound(bmax_ptr, row, nblk, pre_k, lo, m, t, NBP: tl.constexpr):
-    """The x bound of the hist pass's guessed list for a top-p row (sample_lean.py): that of the
+def list_bound(bmax_ptr, row, nblk, pre_k, lo, m, t, NBP: tl.constexpr):
+    """The x bound of the hist pass's guessed list for a top-p row (sample_list.py): that of the
     pre_k-th largest block maximum, or of lo when higher, to within 1/4096 of the row's range
-    (`kth_block_max_near`); NaN (nothing listed) when pre_k is 0, without the search."""
-    xf = tl.full((), float("nan"), tl.float32)
-    if pre_k > 0:
-        xf = x_bound(kth_block_max_near(bmax_ptr, row, nblk, pre_k, lo, m, NBP, 12), t)
-    return xf
+    (`kth_block_max_near`)."""
+    return x_bound(kth_block_max_near(bmax_ptr, row, nblk, pre_k, lo, m, NBP, 12), t)
 
 
 @triton.jit
@@ -116,9 +114,9 @@ def raw_argmax(xrow, ncols):
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, hist_ptr, st_xf, pre_k,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, st_xf, pre_k,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr, NBH: tl.constexpr, PRELIST_ALL: tl.constexpr):
+                  NB: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -154,14 +152,8 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 lo, inv = range_for_top_p(m, t1, p, block_max_sum(bmax_ptr, row, nblk, m, NBP), minp, ncols)
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
-                tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
-                # the guessed list for every such row (PRELIST_ALL), or only with min-p, whose
-                # threshold bounds it
-                k_pre = pre_k
-                if not PRELIST_ALL:
-                    k_pre = tl.where(minp, pre_k, 0)
-                tl.store(st_xf + row, prelist_bound(bmax_ptr, row, nblk, k_pre, lo, m, tl.load(t_ptr + row), NBP))
-                stage = tl.full((), BRACKET, tl.int32)
+                tl.store(st_xf + row, list_bound(bmax_ptr, row, nblk, pre_k, lo, m, tl.load(t_ptr + row), NBP))
+                stage = tl.full((), LIST, tl.int32)
             elif topk:
                 tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)
                 if n_lb <= CAP:

@@ -11,11 +11,14 @@ A row moves through stages, each one streaming pass (round_kernel) plus one per-
   between two pivots, and a histogram of the window that places the next pivots at count
   quantiles. Once the window holds <= CAP entries it is collected and resolved exactly.
 - DRAW: the masked Gumbel argmax over {key >= tkey}.
-- BRACKET: top-p without top-k, three passes in all (sample_bracket.py); a row whose bracket
-  does not certify starts HIST.
-- LEAN: a BRACKET row with few entries from the bracket up: its third pass only lists columns
+- LIST: top-p without top-k: the hist pass (its mass and its list), then the list kernel
+  (sample_list.py), which settles most rows (DONE); the others take BINS.
+- BINS: the bins pass, whose last program a row makes its bracket (sample_bracket.py): BRACKET
+  or LEAN.
+- BRACKET: the bracket's third pass (its candidates collected) and their resolution; a row
+  whose bracket does not certify starts HIST.
+- LEAN: a BINS row with few entries from the bracket up: its third pass only lists columns
   and a per-row step resolves them (sample_lean.py); a row that does not certify starts HIST.
-- LISTED: a LEAN row whose list the hist pass already made (sample_lean.py): no third pass.
 All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
 of the definition no matter how the search went.
 """
@@ -26,8 +29,9 @@ from .rng_triton import gumbel
 from .tlutil import BIG_ID32, KEY_NEG_INF, argmax_pair, key_to_float, order_key
 
 GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-DONE, COLLECT, DRAW, HIST, BRACKET, LEAN, LISTED = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
-                                                   tl.constexpr(3), tl.constexpr(4), tl.constexpr(5), tl.constexpr(6))
+DONE, COLLECT, DRAW, HIST, BRACKET, LEAN, BINS, LIST = (
+    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4), tl.constexpr(5),
+    tl.constexpr(6), tl.constexpr(7))
 PHASE_TOPP, FAST, FIRST = tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
 # int32s between two rows' candidate counters: one 128-byte line each, so the appends of
 # different rows never queue on one line (measured on an H200 with one atomic per step: no

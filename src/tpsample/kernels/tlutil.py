@@ -41,7 +41,7 @@ def div_by(x, t, y):
     2**-100 <= |x| <= 2**100 and 2**-20 <= T <= 2**20 (and x = 0). No per-entry reciprocal and no
     slow-path branch, which is what `div_t`'s division costs per entry. Outside that range the
     result is near x / T, or NaN for infinite x: callers use it only where that cannot change
-    what they compute (`sample_bracket.fast_division_ok`)."""
+    what they compute (`sample_hist.fast_division_ok`)."""
     q0 = x * y
     r = tl.fma(-q0, tl.zeros_like(x) + t, x)
     return tl.fma(r, tl.zeros_like(x) + y, q0)
@@ -87,6 +87,26 @@ def kept_mass(l, keep, m, scale, EXACT_EXP: tl.constexpr):
     is 0 and exp(l - m) for l = m is exp(0) = 1 (2**shift after the scale), with no guards,
     and a NaN l must fail `keep` (a comparison with it does)."""
     return (tl.where(keep, fexp(l - m, EXACT_EXP), 0.0) * scale).to(tl.int64)
+
+
+@triton.jit
+def claim_slots(line, sel, LG: tl.constexpr, GROUP_WORDS: tl.constexpr):
+    """List slots for the lanes where `sel` (int32 0 / 1; other lanes: any value), in PTX (CUDA
+    only), one atomic for every 4 entries of a thread: the thread appends through counter
+    g = laneid % LG (int32 words GROUP_WORDS apart from `line`), its selected entries take
+    consecutive places i of group g, and place i is slot i * LG + g. The 32 lanes of a warp
+    spread over the LG counters whatever the register layout; which 4 entries one atomic covers
+    does not matter. The caller's block must hold a multiple of 4 entries a thread."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred q; .reg .b32 g, n, b, c; .reg .b64 a; "
+        "mov.u32 g, %laneid; and.b32 g, g, $12; mad.wide.u32 a, g, $16, $4; "
+        "add.u32 n, $8, $9; add.u32 n, n, $10; add.u32 n, n, $11; setp.ne.u32 q, n, 0; mov.u32 b, 0; "
+        "@q atom.relaxed.gpu.global.add.u32 b, [a], n; add.u32 c, $12, 1; "
+        "mad.lo.u32 $0, b, c, g; add.u32 b, b, $8; mad.lo.u32 $1, b, c, g; "
+        "add.u32 b, b, $9; mad.lo.u32 $2, b, c, g; add.u32 b, b, $10; mad.lo.u32 $3, b, c, g; }",
+        "=r,=r,=r,=r,l,l,l,l,r,r,r,r,r,r,r,r,r,r,r,r",
+        [line + tl.zeros_like(sel), sel, tl.zeros_like(sel) + (LG - 1), tl.zeros_like(sel) + GROUP_WORDS * 4],
+        dtype=tl.int32, is_pure=False, pack=4)
 
 
 @triton.jit

@@ -28,17 +28,14 @@ from ..state.columns import COLUMNS
 from ..state.rowbatch import HostRows, RowBatch, RowSource
 from ..state.rows import RowsView, upload
 
-HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone", "any_top_p_min_p")
+HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone")
 
 
 def hints_from_bits(bits: int) -> RowHints:
-    """RowHints from a bit field (bit i = HINT_FIELDS[i]); -1: unknown, every hint on that the
-    tokens need. `any_top_p_min_p` only matters with `KernelConfig(lean_prelist_all=False)`,
-    where it compiles in the hist pass's list for top-p rows with min-p, which cost top-p rows
-    without it about 8 % of their device time (docs/benchmarks.md): unknown, it is off, as top-p
-    alone is the usual request."""
+    """RowHints from a bit field (bit i = HINT_FIELDS[i]; higher bits are ignored); -1: unknown,
+    every hint on."""
     if bits < 0:
-        return RowHints(any_top_p_min_p=False)
+        return RowHints()
     return RowHints(*(bool(bits >> i & 1) for i in range(len(HINT_FIELDS))))
 
 

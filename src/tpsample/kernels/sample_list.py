@@ -1,0 +1,162 @@
+"""Top-p without top-k from one list of columns: the guessed list and the list kernel.
+
+The select kernel guesses an x bound xf for each such row from the block maxima
+(`sample_select.list_bound`: the k-th largest block maximum, k from
+`sample_launch.list_blocks`, so that about `KernelConfig.list_room` entries lie above it on
+exchangeable rows). The hist pass (sample_hist.py) sums the row's exact int64 mass S and
+appends the column of every x >= xf to the row's list. Then `list_kernel`, one program a row,
+resolves the row from that list alone:
+
+- an unlisted entry has x < xf, so its l = div_rn(x, T) <= Lx = div_rn(xf, T) (IEEE division is
+  monotone); the listed entries with l > Lx are therefore exactly the row's entries above Lx,
+  and every entry above one of them is listed too;
+- their exact masses e (the hist pass's `kept_mass`, entry for entry) settle the row when
+  float64(sum e) >= p * S: every entry with l <= Lx then has at least that mass strictly above it
+  and is dropped, and v* is the smallest key kappa among the listed ones with
+  float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_below`);
+- the token is the Gumbel argmax over the listed entries with key >= kappa.
+
+Nothing is estimated: the list only chooses which entries are examined, every decision is on
+exact integers or keys. A row whose list overflowed, or whose list holds less than p of the mass
+(a flat row that keeps more entries than the list has room for), takes the bracket method
+instead (stage BINS, sample_bracket.py); rows resolved here are counted in
+`kernels.config.listed_counter`.
+
+List layout: a lane appends through one of LG counters of the row's counter line (`cand_n`),
+so the 32 lanes of one warp instruction do not queue on one address; group g's i-th entry takes
+slot i * LG + g, the readers skip the holes (`list_slot_valid`), and a group past LCAP / LG
+counts without storing, which the readers see as an overflow (`list_depth`).
+"""
+import triton
+import triton.language as tl
+
+from .rng_triton import gumbel
+from .sample_bracket import target_of
+from .sample_scan import fp32_nonan
+from .sample_state import BINS, CN, DONE, LIST, zero_counters
+from .tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    claim_slots,
+    claim_where,
+    div_t,
+    key_to_float,
+    mass,
+    min_key_mass_below,
+    order_key,
+    store_where,
+)
+
+
+@triton.jit
+def list_group(cols, LG: tl.constexpr):
+    """A mix of the bits of `cols` into [0, LG): over any 32 consecutive lanes of a block (whatever
+    the register layout) it takes LG different values (LG <= 32). It is linear over XOR, so for
+    a step s whose bits are apart from the lane position's, list_group(s + offs) =
+    list_group(s) ^ list_group(offs)."""
+    return (cols ^ (cols >> 2) ^ (cols >> 3) ^ (cols >> 5)) & (LG - 1)
+
+
+@triton.jit
+def list_columns(xr, xf, cols, g, row, ids_ptr, cand_n, LCAP: tl.constexpr, LG: tl.constexpr):
+    """Append the columns of x >= xf (NaN compares false) to the row's list, one atomic per
+    listed entry (order does not matter), through counter g (the callers take
+    `list_group(offs) ^ list_group(step)`)."""
+    sel, slot = list_claim(xr, xf, g, row, cand_n, LG, False, False)
+    list_store(sel, slot, cols, row, ids_ptr, LCAP, False)
+
+
+@triton.jit
+def list_claim(xr, xf, g, row, cand_n, LG: tl.constexpr, PTX: tl.constexpr, PACK: tl.constexpr):
+    """`list_columns`'s first half: (listed, slot) of each lane (slot = i * LG + g, i its place
+    in group g). A streaming pass does its other work before `list_store`, which waits for the
+    atomics' return. PTX: `tlutil.claim_where`'s per-lane PTX (CUDA only); PACK (with PTX): one
+    atomic for every 4 entries of a thread, the group its lane's (`tlutil.claim_slots`; g
+    unused)."""
+    sel = xr.to(tl.float32) >= xf
+    line = cand_n + row * CN
+    if PACK:
+        slot = claim_slots(line, sel.to(tl.int32), LG, CN // LG)
+    else:
+        slot = claim_where(line + g * (CN // LG), sel, PTX) * LG + g     # read after the kernel
+    return sel, slot
+
+
+@triton.jit
+def list_store(sel, slot, cols, row, ids_ptr, LCAP: tl.constexpr, PTX: tl.constexpr):
+    """`list_columns`'s second half: the claimed slots below LCAP take their columns."""
+    store_where(ids_ptr + row.to(tl.int64) * LCAP, slot, cols, sel & (slot < LCAP), PTX)
+
+
+@triton.jit
+def list_depth(cand_n, row, LG: tl.constexpr):
+    """The largest of the row's LG list counters: slots [0, depth * LG) hold the list, with
+    holes (`list_slot_valid`); the list overflowed when depth > LCAP / LG."""
+    if LG == 1:
+        depth = tl.load(cand_n + row * CN)
+    else:
+        depth = tl.max(tl.load(cand_n + row * CN + tl.arange(0, LG) * (CN // LG)), axis=0)
+    return depth
+
+
+@triton.jit
+def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
+    """Which list slots idx hold a listed column (group idx % LG has more than idx // LG)."""
+    return (idx // LG) < tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))
+
+
+@triton.jit
+def resolve_list(row, x_ptr, stride, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, cand_n,
+                 NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr):
+    """(settled, winner value, winner column) of a row from its list (see the module docstring).
+    The whole list is held at once: LCAP slots over the program's lanes."""
+    idx = tl.arange(0, LCAP)
+    cnt = tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))      # each slot's group's count
+    valid = (idx // LG) < cnt
+    ids = tl.load(ids_ptr + row.to(tl.int64) * LCAP + idx, mask=valid, other=0)
+    l = div_t(fp32_nonan(tl.load(x_ptr + row.to(tl.int64) * stride + ids, mask=valid, other=NEG_INF)), t)
+    keep = valid & (l > div_t(xf, t)) & (l >= t_lo)      # (a NaN xf: nothing listed, none kept)
+    e = tl.where(keep, mass(l, m, scale, one, EXACT_EXP), 0)
+    target = target_of(p, p_mass, row, NSPLIT)
+    ok = (tl.max(cnt, axis=0) <= LCAP // LG) & (tl.sum(e, axis=0).to(tl.float64) >= target)
+    v = tl.full((), NEG_INF, tl.float32)
+    i = tl.full((), BIG_ID32, tl.int32)
+    if ok:
+        keys = tl.where(keep, order_key(l).to(tl.int64), -1)
+        kmin = tl.min(tl.where(keep, keys, 1 << 40), axis=0)
+        thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, kmin - 1, tl.max(keys, axis=0))
+        kept = keep & (keys >= thr)
+        score = key_to_float(keys) + gumbel(k0, k1, ids + col_offset)
+        v, i = argmax_pair(tl.where(kept, score, NEG_INF), tl.where(kept, ids, BIG_ID32))
+    return ok, v, i
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def list_kernel(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
+                st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
+                NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr,
+                EXACT_EXP: tl.constexpr):
+    """Each LIST row (others return at once): its token from the list (DONE, counted in
+    `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass.
+    The row's counters are zeroed either way (the list is read first)."""
+    row = tl.program_id(0)
+    if tl.load(st_stage + row) == LIST:
+        k0 = tl.load(key0_ptr + row).to(tl.uint32)
+        k1 = tl.load(key1_ptr + row).to(tl.uint32)
+        ok, v, i = resolve_list(row, x_ptr, stride, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row),
+                                key_to_float(tl.load(st_tkey + row)), tl.load(st_xf + row), scale, one, k0, k1,
+                                col_offset, p_mass, ids_ptr, cand_n, NSPLIT, LCAP, LG, EXACT_EXP)
+        stage = tl.full((), BINS, tl.int32)
+        if ok:
+            found = v > NEG_INF
+            tl.store(st_token + row, tl.where(found, i, tl.load(st_raw + row)).to(tl.int64) + col_offset)
+            tl.store(st_valid + row, found)
+            tl.atomic_add(listed, 1)
+            stage = tl.full((), DONE, tl.int32)
+        else:
+            tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
+            tl.store(st_arrive + row, 0)
+        tl.debug_barrier()      # every warp has read the list's counters before they are zeroed
+        zero_counters(cand_n, row)
+        tl.store(st_stage + row, stage)
