@@ -28,18 +28,18 @@ _HIST_TYPES = {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp3
                "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32",
                "st_arrive": "*i32", "st_first": "*i32", "st_last": "*i32", "st_count": "*i32", "st_lean_l": "*fp32"}
 _HIST_CONST = {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "LCAP": 4096, "LG": 4,
-               "PTX": True, "ALL": 256, "CAP": 2048, "LEAN": True}
+               "PTX": True, "ALL": 256, "CAP": 2048, "LEAN": True, "HW": 4096}
 OPTIONS = {"bins": {"maxnreg": 96}}     # compile options beyond the warps, as sample_launch passes them
 SHAPES = {   # kernel: (function, argument types, constexprs, warps)
     "hist": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=True, BINS=False), 4),
     "bins": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=False, BINS=True), 4),
     "list": (sample_list.list_kernel,
-             {"x_ptr": "*fp32", "stride": "i32", "t_ptr": "*fp32", "p_ptr": "*fp32", "key0_ptr": "*i64",
+             {"t_ptr": "*fp32", "p_ptr": "*fp32", "key0_ptr": "*i64",
               "key1_ptr": "*i64", "col_offset": "i32", "scale": "fp32", "one": "i64", "st_stage": "*i32",
               "st_m": "*fp32", "st_tkey": "*i64", "st_raw": "*i32", "st_token": "*i64", "st_valid": "*i1",
               "st_xf": "*fp32", "p_mass": "*i64", "ids_ptr": "*i32", "cand_n": "*i32", "hist_ptr": "*i32",
               "st_arrive": "*i32", "listed": "*i32"},
-             {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "EXACT_EXP": True}, 8),
+             {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "HW": 4096, "EXACT_EXP": True}, 4),
 }
 
 

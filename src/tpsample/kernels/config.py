@@ -41,7 +41,7 @@ class KernelConfig:
     list_room: int = 3072      # top-p alone: entries a row's guessed list aims at (it holds up to 2 * cap)
     list_groups: int = 4       # counters a row's list appends through (atomics spread over addresses)
     list_pack: bool = True     # CUDA: the hist pass claims list slots with one atomic per 4 entries a thread
-    list_warps: int = 8        # the list kernel (one program a row holds its whole list)
+    list_warps: int = 4        # the list kernel (one program a row holds its whole list)
     lean: bool = True          # rows the list leaves: <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time

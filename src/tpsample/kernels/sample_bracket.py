@@ -75,20 +75,20 @@ def bin_of(l, lo, inv, NBH: tl.constexpr):
 
 
 @triton.jit
-def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl.constexpr):
+def bracket(hist_ptr, row, lo, inv, m, target, scale, ALL: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr):
     """(first bin, last bin, count, upward): the candidates are the entries of bins first..last; bins
     below `first` hold only dropped entries; entries of bins above `last` are all kept (their
     mass and winner come from the collect pass). v* lies in the bins that neither surely hold a
     kept entry nor surely none; when every entry from `first` up numbers at most ALL, last is
     the top bin (no entry above: the finish resolves everything from the candidates), else the
     last bin that may hold v*. count: the candidates' number. target = float64(p) * S (int mass
-    units, 2**shift per unit of exp).
+    units, 2**shift per unit of exp). The row's counts are its first NBH words (of HW a row).
 
     ALL is small (KernelConfig.bracket_all): the finish then resolves ~100 bracket candidates
     instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
     the collect pass costs the same either way."""
     b = tl.arange(0, NBH)
-    h = tl.load(hist_ptr + row.to(tl.int64) * NBH + b, cache_modifier=".cg")     # other SMs' atomics
+    h = tl.load(hist_ptr + row.to(tl.int64) * HW + b, cache_modifier=".cg")     # other SMs' atomics
     w = 1.0 / (inv * NBH)
     tol = 4e-7 * tl.maximum(tl.abs(m), tl.abs(lo)) + 1e-30
     bf = b.to(tl.float32)
@@ -155,14 +155,14 @@ def x_bound(L, t):
 
 @triton.jit
 def bracket_row(row, t, p, scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_first, st_last, st_count, st_lean_l,
-                st_xf, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr, CAP: tl.constexpr,
-                LCAP: tl.constexpr, LG: tl.constexpr, LEAN: tl.constexpr):
+                st_xf, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
+                CAP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, LEAN: tl.constexpr):
     """The bracket of a BINS row once its histogram is complete (the collect programs and the
     finish read it): stage LEAN (sample_lean.py) when LEAN, its entries from the bracket's first
     bin up fit the list (`lean_fits`) and its candidates fit CAP, with L and the list's x bound;
     else BRACKET. Read through L2: other programs' atomics made the histogram."""
     first, last, count, upward = bracket(hist_ptr, row, lo, inv, m, target_of(p, p_mass, row, NSPLIT), scale, ALL,
-                                         NBH)
+                                         NBH, HW)
     tl.store(st_first + row, first)
     tl.store(st_last + row, last)
     tl.store(st_count + row, count)

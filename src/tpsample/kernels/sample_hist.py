@@ -2,9 +2,9 @@
 
 - Mass and list (BINS off; stage LIST rows, right after the select kernel): each split's exact
   int64 mass of the eligible entries (the row's S is their sum) and the columns of x >= the
-  select kernel's guessed bound appended to the row's list (sample_list.py), which the list
-  kernel then resolves. Per entry: a compare and a predicated claim for the list, the division
-  by T, the exact exponential and its int64 conversion; no histogram.
+  select kernel's guessed bound appended to the row's list with their x (sample_list.py), which
+  the list kernel then resolves. Per entry: a compare and a predicated claim for the list, the
+  division by T, the exact exponential and its int64 conversion; no histogram.
 - Bins (BINS on; stage BINS rows, the ones the list did not settle): an exact count histogram
   of the entries in [lo, m] over NBH bins uniform in value (`sample_bracket.bin_of`), then the
   row's last program to arrive makes the row's bracket (`sample_bracket.bracket_row`), so no
@@ -23,7 +23,7 @@ from .sample_bracket import bin_of, bracket_row
 from .sample_list import list_claim, list_group, list_store
 from .sample_state import BINS as BINS_STAGE
 from .sample_state import LIST
-from .tlutil import NEG_INF, count_where, div_by, div_t, kept_mass, key_to_float
+from .tlutil import NEG_INF, count_where, div_by, div_t, kept_mass, key_to_float, store_where
 
 
 @triton.jit
@@ -47,9 +47,11 @@ def fast_division_ok(t, m, t_lo):
 def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr, cand_n,
                BLOCK: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr, LCAP: tl.constexpr,
                LG: tl.constexpr, PTX: tl.constexpr, FAST: tl.constexpr, PACK: tl.constexpr, BINS: tl.constexpr):
-    """Columns [start, end) of a row: BINS off, their mass (int64) and their x >= xf listed (the
-    list's slots claimed first and written last, so the step's work hides the atomics' round
-    trip); BINS on, their bins counted (mass 0). FAST: x / T by `div_by` with y = 1 / T."""
+    """Columns [start, end) of a row: BINS off, their mass (int64) and their x >= xf listed, the
+    columns in the id list and the x (fp32 bits) at the same slots of the row's `hrow` words
+    (the list's slots claimed first and written last, so the step's work hides the atomics'
+    round trip); BINS on, their bins counted in `hrow` (mass 0). FAST: x / T by `div_by` with
+    y = 1 / T."""
     s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
     offs = tl.arange(0, BLOCK)
     goffs = list_group(offs, LG)
@@ -60,18 +62,20 @@ def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, h
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK)
         else:
             xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        xc = xr.to(tl.float32)
         if not BINS:
-            sel, slot = list_claim(xr, xf, goffs ^ list_group(s, LG), row, cand_n, LG, PTX, PACK)
+            sel, slot = list_claim(xc, xf, goffs ^ list_group(s, LG), row, cand_n, LG, PTX, PACK)
         if FAST:
-            l = div_by(xr.to(tl.float32), t, y)
+            l = div_by(xc, t, y)
         else:
-            l = div_t(xr.to(tl.float32), t)     # a NaN x stays NaN: every test below fails for it
+            l = div_t(xc, t)     # a NaN x stays NaN: every test below fails for it
         xr = xr_next
         if BINS:
             count_where(hrow, bin_of(l, lo, inv, NBH), l >= lo, PTX)
         else:
             s_lane += kept_mass(l, l >= t_lo, m, scale, EXACT_EXP)
             list_store(sel, slot, cols, row, ids_ptr, LCAP, PTX)
+            store_where(hrow, slot, xc.to(tl.int32, bitcast=True), sel & (slot < LCAP), PTX)
     return tl.sum(s_lane, axis=0)
 
 
@@ -80,11 +84,13 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tk
                 p_mass, st_xf, ids_ptr, cand_n, st_arrive, st_first, st_last, st_count, st_lean_l,
                 NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
                 EXACT_EXP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, PTX: tl.constexpr,
-                PACK: tl.constexpr, BINS: tl.constexpr, ALL: tl.constexpr, CAP: tl.constexpr, LEAN: tl.constexpr):
+                PACK: tl.constexpr, BINS: tl.constexpr, ALL: tl.constexpr, CAP: tl.constexpr, LEAN: tl.constexpr,
+                HW: tl.constexpr):
     """One split of each row in the mode's stage (LIST, or BINS with BINS; others return at
     once); see the module docstring. PACK (with PTX): the list's slots claimed by
     `tlutil.claim_slots` (BLOCK a multiple of 4 entries a thread). ALL, CAP, LEAN: the
-    bracket's settings (`bracket_row`)."""
+    bracket's settings (`bracket_row`). hist_ptr: HW int32 words a row (HW >= NBH, LCAP): the
+    listed x, then the bins."""
     row = tl.program_id(0)
     stage = tl.load(st_stage + row)
     if BINS:
@@ -100,7 +106,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tk
         lo = tl.load(st_hlo + row)
         inv = tl.load(st_hinv + row)
         t_lo = key_to_float(tl.load(st_tkey + row))
-        hrow = hist_ptr + row.to(tl.int64) * NBH
+        hrow = hist_ptr + row.to(tl.int64) * HW
         xf = tl.load(st_xf + row)
         if PTX:
             y = tl.div_rn(1.0, t)
@@ -117,6 +123,6 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tk
             tl.debug_barrier()      # every lane's atomics are issued before the arrival
             if tl.atomic_add(st_arrive + row, 1, sem="acq_rel") == NSPLIT - 1:
                 bracket_row(row, t, tl.load(p_ptr + row), scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_first,
-                            st_last, st_count, st_lean_l, st_xf, NSPLIT, ALL, NBH, CAP, LCAP, LG, LEAN)
+                            st_last, st_count, st_lean_l, st_xf, NSPLIT, ALL, NBH, HW, CAP, LCAP, LG, LEAN)
         else:
             tl.store(p_mass + row * NSPLIT + tl.program_id(1), total)

@@ -62,7 +62,7 @@ class Workspace:
                   ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64),
                   ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
-                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, cfg.hist_bins), i32),
+                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, hist_width(cfg)), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
                   ("xf", rows, f32), ("arrive", rows, i32)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
@@ -79,6 +79,12 @@ class Workspace:
     def state(self, token, valid):
         return (self.stage, self.flags, token, valid, self.raw, self.m, self.t1, self.tkey,
                 self.klo, self.khi, self.shift, self.cabove, self.mabove, self.S, self.piv)
+
+
+def hist_width(cfg: KernelConfig) -> int:
+    """int32 words a row of the workspace's `hist`: the top-p list's x (2 * cap, until the list
+    kernel has read them), then the bracket's bins (hist_bins)."""
+    return max(cfg.hist_bins, 2 * cfg.cap)
 
 
 def block_max_cols(cols: int, cfg: KernelConfig) -> int:
@@ -212,12 +218,12 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                          ws.lean_l)
             hist_shape = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=hb, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
                               LCAP=lcap, LG=cfg.list_groups, PTX=cuda, ALL=min(cfg.bracket_all, cfg.cap),
-                              CAP=cfg.cap, LEAN=cfg.lean, num_warps=hw)
+                              CAP=cfg.cap, LEAN=cfg.lean, HW=hist_width(cfg), num_warps=hw)
             pack = cuda and cfg.list_pack and hb % (128 * hw) == 0     # 4 entries a thread, whole
             HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
-            LIST.at(site, (rows,), x, x.stride(0), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m,
-                    ws.tkey, ws.raw, token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive,
-                    listed_counter(dev), NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins,
+            LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
+                    token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
+                    NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins, HW=hist_width(cfg),
                     EXACT_EXP=exact_exp, num_warps=cfg.list_warps)
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **({"maxnreg": BINS_MAXNREG} if cuda else {}))

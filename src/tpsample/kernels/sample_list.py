@@ -4,7 +4,7 @@ The select kernel guesses an x bound xf for each such row from the block maxima
 (`sample_select.list_bound`: the k-th largest block maximum, k from
 `sample_launch.list_blocks`, so that about `KernelConfig.list_room` entries lie above it on
 exchangeable rows). The hist pass (sample_hist.py) sums the row's exact int64 mass S and
-appends the column of every x >= xf to the row's list. Then `list_kernel`, one program a row,
+appends the column of every x >= xf to the row's list, and its x beside it. Then `list_kernel`, one program a row,
 resolves the row from that list alone:
 
 - an unlisted entry has x < xf, so its l = div_rn(x, T) <= Lx = div_rn(xf, T) (IEEE division is
@@ -107,16 +107,20 @@ def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
 
 
 @triton.jit
-def resolve_list(row, x_ptr, stride, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, cand_n,
+def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, vals_ptr, cand_n,
                  NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr):
-    """(settled, winner value, winner column) of a row from its list (see the module docstring).
-    The whole list is held at once: LCAP slots over the program's lanes."""
+    """(settled, winner value, winner column) of a row from its list (see the module docstring):
+    the columns at ids_ptr's row, their x (fp32 bits) at the same slots of vals_ptr's. The whole
+    list is held at once, LCAP slots over the program's lanes, and v* is searched between the
+    keys of Lx (every kept entry is above it) and of m (the largest)."""
     idx = tl.arange(0, LCAP)
     cnt = tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))      # each slot's group's count
     valid = (idx // LG) < cnt
     ids = tl.load(ids_ptr + row.to(tl.int64) * LCAP + idx, mask=valid, other=0)
-    l = div_t(fp32_nonan(tl.load(x_ptr + row.to(tl.int64) * stride + ids, mask=valid, other=NEG_INF)), t)
-    keep = valid & (l > div_t(xf, t)) & (l >= t_lo)      # (a NaN xf: nothing listed, none kept)
+    x = tl.load(vals_ptr + idx, mask=valid, other=0).to(tl.float32, bitcast=True)
+    l = div_t(fp32_nonan(x), t)
+    lx = div_t(xf, t)
+    keep = valid & (l > lx) & (l >= t_lo)      # (a NaN xf: nothing listed, none kept)
     e = tl.where(keep, mass(l, m, scale, one, EXACT_EXP), 0)
     target = target_of(p, p_mass, row, NSPLIT)
     ok = (tl.max(cnt, axis=0) <= LCAP // LG) & (tl.sum(e, axis=0).to(tl.float64) >= target)
@@ -124,8 +128,9 @@ def resolve_list(row, x_ptr, stride, t, p, m, t_lo, xf, scale, one, k0, k1, col_
     i = tl.full((), BIG_ID32, tl.int32)
     if ok:
         keys = tl.where(keep, order_key(l).to(tl.int64), -1)
-        kmin = tl.min(tl.where(keep, keys, 1 << 40), axis=0)
-        thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, kmin - 1, tl.max(keys, axis=0))
+        # f(key(Lx)) = the whole kept mass >= target; f(key(m)) = 0 < target
+        thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, order_key(lx).to(tl.int64),
+                                 order_key(m).to(tl.int64))
         kept = keep & (keys >= thr)
         score = key_to_float(keys) + gumbel(k0, k1, ids + col_offset)
         v, i = argmax_pair(tl.where(kept, score, NEG_INF), tl.where(kept, ids, BIG_ID32))
@@ -133,20 +138,22 @@ def resolve_list(row, x_ptr, stride, t, p, m, t_lo, xf, scale, one, k0, k1, col_
 
 
 @triton.jit(do_not_specialize=["col_offset"])
-def list_kernel(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
+def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
                 st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
-                NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr,
+                NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
                 EXACT_EXP: tl.constexpr):
     """Each LIST row (others return at once): its token from the list (DONE, counted in
     `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass.
-    The row's counters are zeroed either way (the list is read first)."""
+    The listed x are in the row's hist words (HW a row, the bins' later), so the row's logits
+    are not read again; the row's counters are zeroed either way (the list is read first)."""
     row = tl.program_id(0)
     if tl.load(st_stage + row) == LIST:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
-        ok, v, i = resolve_list(row, x_ptr, stride, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row),
+        hrow = hist_ptr + row.to(tl.int64) * HW
+        ok, v, i = resolve_list(row, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row),
                                 key_to_float(tl.load(st_tkey + row)), tl.load(st_xf + row), scale, one, k0, k1,
-                                col_offset, p_mass, ids_ptr, cand_n, NSPLIT, LCAP, LG, EXACT_EXP)
+                                col_offset, p_mass, ids_ptr, hrow, cand_n, NSPLIT, LCAP, LG, EXACT_EXP)
         stage = tl.full((), BINS, tl.int32)
         if ok:
             found = v > NEG_INF
@@ -155,7 +162,7 @@ def list_kernel(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, sca
             tl.atomic_add(listed, 1)
             stage = tl.full((), DONE, tl.int32)
         else:
-            tl.store(hist_ptr + row.to(tl.int64) * NBH + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
+            tl.store(hrow + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
             tl.store(st_arrive + row, 0)
         tl.debug_barrier()      # every warp has read the list's counters before they are zeroed
         zero_counters(cand_n, row)
