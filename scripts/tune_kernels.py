@@ -36,6 +36,7 @@ VARIANTS = {
     # the guessed list aiming at fewer entries a row; the list kernel's warps
     "room2048": (KernelConfig(list_room=2048), P),
     "room1536": (KernelConfig(list_room=1536), P),
+    "lw4": (KernelConfig(list_warps=4), P),
     "lw8": (KernelConfig(list_warps=8), P),
     "lw16": (KernelConfig(list_warps=16), P),
     # the list's appends through 8 counters a row

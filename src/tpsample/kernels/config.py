@@ -41,7 +41,7 @@ class KernelConfig:
     list_room: int = 3072      # top-p alone: entries a row's guessed list aims at (it holds up to 2 * cap)
     list_groups: int = 4       # counters a row's list appends through (atomics spread over addresses)
     list_pack: bool = True     # CUDA: the hist pass claims list slots with one atomic per 4 entries a thread
-    list_warps: int = 4        # the list kernel (one program a row holds its whole list)
+    list_warps: int | None = None   # the list kernel (a program a row holds its whole list); None: by rows
     lean: bool = True          # rows the list leaves: <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
@@ -86,7 +86,8 @@ _POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plai
                 "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
                 "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32,
                 "list_warps": 32}
-_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps", "draw_scan_cols"}
+_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps", "draw_scan_cols",
+             "list_warps"}
 
 
 def _cache_hash(obj) -> None:

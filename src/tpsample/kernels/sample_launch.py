@@ -25,6 +25,7 @@ from .config import (
     fallback_counter,
     lean_counter,
     listed_counter,
+    _sm_count,
     num_splits,
 )
 from .launcher import Launcher, stream_scratch
@@ -85,6 +86,20 @@ def hist_width(cfg: KernelConfig) -> int:
     """int32 words a row of the workspace's `hist`: the top-p list's x (2 * cap, until the list
     kernel has read them), then the bracket's bins (hist_bins)."""
     return max(cfg.hist_bins, 2 * cfg.cap)
+
+
+def list_warps(rows: int, dev: torch.device, cfg: KernelConfig) -> int:
+    """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 when every
+    row's program runs at once (two a SM: at most 2 x SMs rows), where the call waits on one
+    row's chain of reductions, which more warps shorten, and 4 for more rows, where programs
+    queue and 4 warps get through them faster (device time on an H200, T 0.8 / top-p 0.9 over
+    151,936 columns: 8 warps 18.8 / 38.1 / ~146 us at 32 / 256 / 1,024 rows, 4 warps 28.8 /
+    40.1 / 127.5, docs/benchmarks.md)."""
+    if cfg.list_warps is not None:
+        return cfg.list_warps
+    if dev.type != "cuda":
+        return 4
+    return 8 if rows <= 2 * _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) else 4
 
 
 def block_max_cols(cols: int, cfg: KernelConfig) -> int:
@@ -224,7 +239,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins, HW=hist_width(cfg),
-                    EXACT_EXP=exact_exp, num_warps=cfg.list_warps)
+                    EXACT_EXP=exact_exp, num_warps=list_warps(rows, dev, cfg))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **({"maxnreg": BINS_MAXNREG} if cuda else {}))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
