@@ -22,10 +22,10 @@ from .config import (
     KernelConfig,
     RowHints,
     _pow2,
+    _sm_count,
     fallback_counter,
     lean_counter,
     listed_counter,
-    _sm_count,
     num_splits,
 )
 from .launcher import Launcher, stream_scratch

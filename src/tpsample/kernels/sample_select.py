@@ -90,11 +90,11 @@ def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: 
 
 
 @triton.jit
-def list_bound(bmax_ptr, row, nblk, pre_k, lo, m, t, NBP: tl.constexpr):
+def list_bound(bmax_ptr, row, nblk, k, lo, m, t, NBP: tl.constexpr):
     """The x bound of the hist pass's guessed list for a top-p row (sample_list.py): that of the
-    pre_k-th largest block maximum, or of lo when higher, to within 1/4096 of the row's range
+    k-th largest block maximum, or of lo when higher, to within 1/4096 of the row's range
     (`kth_block_max_near`)."""
-    return x_bound(kth_block_max_near(bmax_ptr, row, nblk, pre_k, lo, m, NBP, 12), t)
+    return x_bound(kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP, 12), t)
 
 
 @triton.jit
