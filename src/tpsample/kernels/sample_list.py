@@ -161,7 +161,7 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
             tl.store(st_valid + row, found)
             tl.atomic_add(listed, 1)
             stage = tl.full((), DONE, tl.int32)
-        else:
+        else:       # (every warp read the list's x before the reductions that decided ok)
             tl.store(hrow + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
             tl.store(st_arrive + row, 0)
         tl.debug_barrier()      # every warp has read the list's counters before they are zeroed
