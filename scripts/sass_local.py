@@ -2,9 +2,9 @@
 instruction mix of its hottest loop and its registers: the bundled ptxas, nvdisasm and cuobjdump
 do the work, so a change to a streaming pass can be weighed (instructions per loop step) before
 a GPU run.
-    python scripts/sass_local.py hist|bins|list [out.sass]
+    python scripts/sass_local.py hist|bins|list|draw [out.sass]
 Kernels at 256 x 151,936's shape: hist (the top-p hist pass: mass and list), bins (its bins
-mode), list (the list kernel). Prints the registers a thread and the instruction count and
+mode), list (the list kernel), draw (the scan of a temperature-only batch, which draws). Prints the registers a thread and the instruction count and
 opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is
 static (an instruction on a branch not taken counts too); the GPU's Triton may be older than
 this one."""
@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tpsample.kernels import sample_hist, sample_list
+from tpsample.kernels import sample_hist, sample_list, sample_scan
 
 _HIST_TYPES = {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "p_ptr": "*fp32", "scale": "fp32",
                "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
@@ -40,6 +40,12 @@ SHAPES = {   # kernel: (function, argument types, constexprs, warps)
               "st_xf": "*fp32", "p_mass": "*i64", "ids_ptr": "*i32", "cand_n": "*i32", "hist_ptr": "*i32",
               "st_arrive": "*i32", "listed": "*i32"},
              {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "HW": 4096, "EXACT_EXP": True}, 4),
+    "draw": (sample_scan.scan_kernel,
+             {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32",
+              "lmp_ptr": "*fp32", "key0_ptr": "*i64", "key1_ptr": "*i64", "col_offset": "i32", "raw_v_ptr": "*fp32",
+              "raw_i_ptr": "*i32", "max_ptr": "*fp32", "best_v_ptr": "*fp32", "best_i_ptr": "*i32",
+              "nan_ptr": "*i32", "bmax_ptr": "*fp32", "nblk": "i32"},
+             {"NSPLIT": 16, "CHUNK": 9728, "TILE": 2, "BB": 128, "EXACT_EXP": True, "MODES": 2, "PTX": True}, 1),
 }
 
 

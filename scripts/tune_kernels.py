@@ -57,6 +57,9 @@ VARIANTS = {
     "scan2_c1024": (KernelConfig(scan_warps=2, plain_scan_cols=1024), {"temperature"}),
     "plain_p32": (KernelConfig(programs_per_sm=32), {"temperature", "greedy"}),
     "draw_w4c512": (KernelConfig(draw_scan_warps=4, draw_scan_cols=512), {"temperature"}),    # the earlier shape
+    "draw_c512": (KernelConfig(draw_scan_cols=512), {"temperature"}),      # one warp, 16 entries a lane
+    "draw_c128": (KernelConfig(draw_scan_cols=128), {"temperature"}),
+    "draw_w2c512": (KernelConfig(draw_scan_warps=2, draw_scan_cols=512), {"temperature"}),
 }
 SKIP = [v for v in os.environ.get("SKIP", "").split(",") if v]     # SKIP=b1024,scan8: leave these out
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]     # CASES=topp,minp: only these

@@ -99,11 +99,11 @@ def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(pl
 
 
 def test_temperature_only_batches_take_one_warp_short_steps_on_cuda_and_the_plain_steps_elsewhere():
-    """The draw shape (`draw_scan_cols` None): 256-column steps on one warp on CUDA; under the
+    """The draw shape (`draw_scan_cols` None): 128-column steps on one warp on CUDA; under the
     interpreter, whose cost is per step, the plain batches' steps; a set value holds anywhere."""
     from tpsample.kernels.sample_launch import draw_config, plain_config
     on_cuda, elsewhere = draw_config(DEFAULT, True), draw_config(DEFAULT, False)
-    assert (on_cuda.scan_cols, on_cuda.scan_warps) == (256, 1)
+    assert (on_cuda.scan_cols, on_cuda.scan_warps) == (128, 1)
     assert elsewhere.scan_cols == plain_config(DEFAULT).scan_cols == 512
     assert draw_config(KernelConfig(draw_scan_cols=64), False).scan_cols == 64
 
@@ -140,6 +140,31 @@ def test_nan_and_infinite_rows_are_guarded():
     for config in [GREEDY, TEMPERATURE, (0.8, 60, 0.9, 0.0), (0.8, 0, 0.9, 0.1), (1.0, 3, 1.0, 0.0)]:
         check(x, [config] * 6)
         check(x, [config] * 6, SEARCH)
+
+
+@pytest.mark.parametrize("config", [GREEDY, TEMPERATURE, (0.8, 0, 0.9, 0.0)], ids=["greedy", "plain", "top_p"])
+def test_nan_counts_are_exact_whatever_the_infinities(config):
+    """The scan flags NaN by a running sum a lane (+inf meeting -inf flags it too) and counts
+    only flagged splits in a second read: every row's count equals torch's, with NaN anywhere,
+    with both infinities and no NaN, and with overflowing sums."""
+    gen = torch.Generator().manual_seed(8)
+    x = logits("randn", 6, 700, gen)
+    x[0, ::7] = float("nan")
+    x[1, 3], x[1, 650] = float("inf"), NEG_INF            # flagged, but no NaN: count 0
+    x[2, ::5] = 3e38                                      # sums overflow to +inf, then -inf below
+    x[2, 1::50] = NEG_INF
+    x[3, 699] = float("nan")                              # the last column, in a partial step
+    x[4, 0] = float("nan")
+    x[4, 1] = float("inf")
+    x[5] = float("nan")
+    t, k, p, lmp = params([config] * 6)
+    k0, k1 = row_keys(6, 0)
+    for cfg in (DEFAULT, KernelConfig(splits=4, scan_cols=64, draw_scan_cols=64)):
+        nans = torch.zeros(6, dtype=torch.int64, device=DEV)
+        sample_rows(x.to(DEV), t.to(DEV), k.to(DEV), p.to(DEV), lmp.to(DEV), k0.to(DEV), k1.to(DEV), cfg=cfg,
+                    nans_out=nans)
+        assert nans.cpu().tolist() == torch.isnan(x).sum(dim=1).tolist()
+        check(x, [config] * 6, cfg)
 
 
 def test_ties_go_to_the_lowest_id():
@@ -213,6 +238,21 @@ def test_top_p_without_top_k_is_settled_exactly_from_one_list(kind, cfg):
     x = logits(kind, len(TOP_P_LISTED), 1500, gen)
     assert _paths(x, TOP_P_LISTED, cfg) == (len(TOP_P_LISTED), 0, 0)
     assert _paths(x[:len(TOP_P_FLAT)], TOP_P_FLAT, cfg) == (0, len(TOP_P_FLAT), 0)
+
+
+def test_top_p_rows_of_tied_logits_settle_from_the_list_with_ties_to_the_lowest_column():
+    """Rows whose kept entries all tie (1,000 equal logits, or 700 over 300 lower ones) are
+    settled by the list kernel like peaked rows: the whole tie is kept, and the Gumbel argmax
+    over it gives the reference's token for several seeds."""
+    gen = torch.Generator().manual_seed(9)
+    x = logits("zipf", 6, 1000, gen)
+    x[3:] = 0.5                                            # flat: every kept entry ties
+    x[5, 700:] = 0.25
+    rows = [(0.8, 0, 0.9, 0.0), (1.0, 0, 0.8, 0.0), (0.7, 0, 0.5, 0.05), (1.0, 0, 0.99, 0.0), (0.5, 0, 0.3, 0.0),
+            (1.0, 0, 0.7, 0.0)]
+    for seed in range(3):
+        assert _paths(x, rows, DEFAULT) == (6, 0, 0)
+        check(x, rows, DEFAULT, seed=seed)
 
 
 @pytest.mark.parametrize("kind", KINDS)

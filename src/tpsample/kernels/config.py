@@ -30,7 +30,7 @@ class KernelConfig:
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     plain_scan_cols: int = 512     # at most this for batches with no filter row (greedy, temperature only)
     draw_scan_cols: int | None = None  # ... and at most this when one is temperature only (the scan draws);
-    #                                    None: 256 on CUDA, plain_scan_cols elsewhere (the interpreter pays per step)
+    #                                    None: 128 on CUDA, plain_scan_cols elsewhere (the interpreter pays per step)
     draw_scan_warps: int = 1       # the scan's warps then
     cap: int = 2048
     small: int = 256

@@ -32,8 +32,15 @@ def fmix32(x):
 @triton.jit
 def uniform_bits(key0, key1, token_ids):
     """u (uint32) for row keys key0, key1 (uint32) and global token ids (any int type)."""
-    t = token_ids.to(tl.uint32) * GOLDEN
-    x = fmix32(key0 ^ t)
+    return uniform_bits_spread(key0, key1, token_ids.to(tl.uint32) * GOLDEN)
+
+
+@triton.jit
+def uniform_bits_spread(key0, key1, spread):
+    """`uniform_bits` given spread = token id * GOLDEN (uint32, mod 2**32): a streaming pass
+    forms it as (step's first id) * GOLDEN + (lane offset * GOLDEN, loop-invariant), one add
+    an entry, since the product distributes over the sum mod 2**32."""
+    x = fmix32(key0 ^ spread)
     return fmix32(x ^ key1)
 
 

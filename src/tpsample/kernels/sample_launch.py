@@ -144,7 +144,7 @@ def plain_config(cfg: KernelConfig) -> KernelConfig:
     return dataclasses.replace(cfg, scan_cols=min(cfg.scan_cols, cfg.plain_scan_cols))
 
 
-DRAW_SCAN_COLS_CUDA = 256      # `draw_scan_cols` None on CUDA
+DRAW_SCAN_COLS_CUDA = 128      # `draw_scan_cols` None on CUDA
 
 
 @functools.lru_cache(maxsize=16)
@@ -152,7 +152,9 @@ def draw_config(cfg: KernelConfig, cuda: bool) -> KernelConfig:
     """The launch shape of a batch with a temperature-only row and no filter row (the scan draws
     the token): steps of at most `draw_scan_cols` and `draw_scan_warps` warps, so the per-step
     "may an entry win?" reduction stays inside one warp (measured on an H200, temperature only at
-    256 x 151,936: 108 -> 101 us of device time against `plain_config`'s 512 columns and 4 warps).
+    256 x 151,936: 108 -> 101 us of device time against `plain_config`'s 512 columns and 4 warps;
+    with the step's margin and the noise's spread add, 128 columns against 256: 17.9 / 80.6 /
+    276.9 against 23.3 / 85.2 / 281.2 us at 32 / 256 / 1,024 rows, 512: 36 / 112 / 301).
     `draw_scan_cols` None is DRAW_SCAN_COLS_CUDA on CUDA and `plain_scan_cols` elsewhere: the
     interpreter's cost is per step, not per entry. Greedy-only batches keep `plain_config`."""
     plain = plain_config(cfg)
@@ -212,7 +214,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     lcap = 2 * cfg.cap          # a top-p row's column list, in cand_key's bytes read as int32
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
-         nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes,
+         nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes, PTX=cuda,
          num_warps=cfg.scan_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,

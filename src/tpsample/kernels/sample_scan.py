@@ -15,7 +15,7 @@ memory-bound.
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel_from_bits, uniform_bits
+from .rng_triton import GOLDEN, gumbel_from_bits, uniform_bits_spread
 from .sample_state import FILTER, GREEDY, PLAIN
 from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, pair_max
 
@@ -43,11 +43,73 @@ def may_win(l, u, best_v):
     return w_lo <= tl.exp(l - best_v + (1e-3 + 2e-6 * (tl.abs(l) + tl.abs(best_v))))
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def win_bound(best_v):
+    """c2 of `may_win_fast` for the best so far: (best_v - M) * log2(e) in fp32, with the margin
+    M = 2e-3 + 4e-6 * (2 |best_v| + 128), one scalar a step. -inf while nothing is found (every
+    finite entry passes); NaN at best_v = +inf (nothing passes: a later column cannot beat it,
+    ties keep the earlier)."""
+    return (best_v - (2e-3 + 4e-6 * (2.0 * tl.abs(best_v) + 128.0))) * LOG2E
+
+
+@triton.jit
+def ex2_ftz(z, PTX: tl.constexpr):
+    """2**z, fast: PTX `ex2.approx.ftz` (CUDA only; relative error ~2**-22, subnormal results
+    flushed to 0), else `tl.exp2`."""
+    if PTX:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(z)
+
+
+@triton.jit
+def opaque_u32(v, PTX: tl.constexpr):
+    """v, hidden from the compiler's algebra on CUDA (a PTX move): else it folds
+    offs * GOLDEN + s * GOLDEN back into (offs + s) * GOLDEN, a multiply an entry again."""
+    if PTX:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return v
+
+
+@triton.jit
+def may_win_fast(la, u, c2, PTX: tl.constexpr):
+    """`may_win` with the margin taken once a step: W' <= 2**(la * log2(e) - c2), c2 =
+    `win_bound(best_v)`. False only where no l' within 3 ulp of la can win, as in `may_win`:
+    where |la| <= |best_v| + 128, M is at least twice may_win's margin, which covers the fp32
+    roundings of c2, of the FMA and of log2(e) and ex2's error too (each below 1e-6 * (|la| +
+    |best_v| + M) in the exponent); where la > |best_v| + 128 the bound passes; where la <
+    -(|best_v| + 128) no entry can win (its noise would need g > 127, and g <= 23). A flushed
+    2**z (< 2**-126) leaves the test as it was, since W' is 0 or at least 2**-23. NaN la fails;
+    x = -inf may pass (its bound is 0 = W' when u < 2**9): callers exclude it."""
+    w_lo = ((u >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return w_lo <= ex2_ftz(tl.fma(la, LOG2E, -c2), PTX)
+
+
 @triton.jit
 def acc_argmax(av, ai, v, ids):
     """Per-lane running (max, first id): lanes see increasing ids, so ties keep the earlier."""
     upd = (v > av) | (ai == BIG_ID32)
     return tl.where(upd, v, av), tl.where(upd, ids, ai)
+
+
+@triton.jit
+def nan_count(xrow, start, end, offs, nan_sum, STEP: tl.constexpr):
+    """NaNs in columns [start, end) of the row. The pass keeps `nan_sum`, each lane's fp32 sum of
+    its entries (one add an entry, where a count took three to four instructions with its
+    predicate moves): a NaN entry makes it NaN for good. So does +inf meeting -inf (or a sum
+    that overflowed meeting the other infinity), which is harmless: any NaN sum sends the split
+    to a second read that counts exactly; a row without NaN, +inf or overflow never takes it."""
+    n = tl.zeros((), tl.int32)
+    if tl.max(tl.max((nan_sum != nan_sum).to(tl.int32), axis=1), axis=0) > 0:     # noqa: PLR0124
+        for s in range(start, end, STEP):
+            x = tl.load(xrow + s + offs, mask=s + offs < end, other=0.0).to(tl.float32)
+            n += tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0)     # noqa: PLR0124
+    return n
 
 
 @triton.jit
@@ -60,9 +122,10 @@ def fp32_nonan(xr):
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
                 raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, nan_ptr, bmax_ptr,
                 nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
-                EXACT_EXP: tl.constexpr, MODES: tl.constexpr):
+                EXACT_EXP: tl.constexpr, MODES: tl.constexpr, PTX: tl.constexpr):
     """MODES: which row modes the batch holds (1 greedy, 2 plain, 4 filter); code for absent
     modes is not compiled, which keeps registers (and so occupancy) to what the batch needs.
+    PTX: compiled for CUDA (`ex2_ftz`'s inline PTX).
     The per-entry division l = x / T (IEEE, several instructions) stays out of the loop: maxima
     are taken over x and divided once (division by T > 0 is monotone), the skip test of plain
     rows uses la = x * (1 / T) with a margin (see `may_win`), and l itself is computed only in
@@ -79,10 +142,12 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     STEP: tl.constexpr = TILE * BB
     rv = tl.full((TILE, BB), NEG_INF, tl.float32)
     ri = tl.full((TILE, BB), BIG_ID32, tl.int32)
-    nanv = tl.zeros((TILE, BB), tl.int32)
+    nan_sum = tl.zeros((TILE, BB), tl.float32)     # NaN once a lane has seen a NaN (see nan_count)
     mxv = tl.full((TILE, BB), NEG_INF, tl.float32)
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
+    c2 = win_bound(best_v)
+    spread = opaque_u32(offs.to(tl.uint32) * GOLDEN, PTX)   # + (step start + col_offset) * GOLDEN a step
     k0 = tl.load(key0_ptr + row).to(tl.uint32)
     k1 = tl.load(key1_ptr + row).to(tl.uint32)
     inv_t = tl.div_rn(1.0, tl.maximum(t, 1e-30))     # plain and filter rows: T > 0
@@ -90,10 +155,14 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     xr = tl.load(xrow + start + offs, mask=start + offs < end, other=NEG_INF)
     for s in range(start, end, STEP):
         cols = s + offs
-        xr_next = tl.load(xrow + cols + STEP, mask=cols + STEP < end, other=NEG_INF)
+        if s + 2 * STEP <= end:     # a whole next step: no mask (nor its -inf fill) per entry
+            xr_next = tl.load(xrow + cols + STEP)
+        else:
+            xr_next = tl.load(xrow + cols + STEP, mask=cols + STEP < end, other=NEG_INF)
         x = xr.to(tl.float32)
-        nanv += (x != x).to(tl.int32)                    # noqa: PLR0124 - NaN tests
-        x = tl.where(x == x, x, NEG_INF)                 # noqa: PLR0124
+        nan_sum += x
+        if (MODES & 5) != 0:      # greedy and filter rows take NaN as -inf; plain rows' tests fail on it
+            x = tl.where(x == x, x, NEG_INF)             # noqa: PLR0124
         if (MODES & 1) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == GREEDY:
                 rv, ri = acc_argmax(rv, ri, x, cols)
@@ -104,12 +173,14 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
                 mxv = tl.maximum(mxv, x)
         if (MODES & 2) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == PLAIN:
-                u = uniform_bits(k0, k1, cols + col_offset)
-                cand = (x > NEG_INF) & may_win(la, u, best_v)
+                u = uniform_bits_spread(k0, k1, spread + (s + col_offset).to(tl.uint32) * GOLDEN)
+                cand = may_win_fast(la, u, c2, PTX)
                 if tl.max(tl.max(cand.to(tl.int32), axis=1), axis=0) > 0:
+                    cand = cand & (x > NEG_INF)         # NaN and -inf never win
                     l = div_t(x, t)
                     v, i = argmax_pair(tl.where(cand, l + gumbel_from_bits(u), NEG_INF), cols)
                     best_v, best_i = pair_max(best_v, best_i, v, i)
+                    c2 = win_bound(best_v)
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if need_bmax:
                 bm = div_t(tl.max(x, axis=1), t)       # = max(x / T) per block: division is monotone
@@ -122,4 +193,4 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     tl.store(max_ptr + part, div_t(tl.max(tl.max(mxv, axis=1), axis=0), t))
     tl.store(best_v_ptr + part, best_v)
     tl.store(best_i_ptr + part, best_i)
-    tl.store(nan_ptr + part, tl.sum(tl.sum(nanv, axis=1), axis=0))
+    tl.store(nan_ptr + part, nan_count(xrow, start, end, offs, nan_sum, STEP))
