@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from .sample_bracket import bin_of, bracket_row
-from .sample_list import list_claim, list_group, list_store
+from .sample_list import list_claim, list_group
 from .sample_state import BINS as BINS_STAGE
 from .sample_state import LIST
-from .tlutil import NEG_INF, count_where, div_by, div_t, kept_mass, key_to_float, store_where
+from .tlutil import NEG_INF, count_where, div_by, div_t, kept_mass, key_to_float, store_pair_where
 
 
 @triton.jit
@@ -74,8 +74,8 @@ def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, h
             count_where(hrow, bin_of(l, lo, inv, NBH), l >= lo, PTX)
         else:
             s_lane += kept_mass(l, l >= t_lo, m, scale, EXACT_EXP)
-            list_store(sel, slot, cols, row, ids_ptr, LCAP, PTX)
-            store_where(hrow, slot, xc.to(tl.int32, bitcast=True), sel & (slot < LCAP), PTX)
+            store_pair_where(ids_ptr + row.to(tl.int64) * LCAP, hrow, slot, cols, xc.to(tl.int32, bitcast=True),
+                             sel & (slot < LCAP), PTX)
     return tl.sum(s_lane, axis=0)
 
 
