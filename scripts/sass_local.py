@@ -26,7 +26,8 @@ from tpsample.kernels import sample_hist, sample_list, sample_scan
 _HIST_TYPES = {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "p_ptr": "*fp32", "scale": "fp32",
                "st_stage": "*i32", "st_m": "*fp32", "st_tkey": "*i64", "st_hlo": "*fp32", "st_hinv": "*fp32",
                "hist_ptr": "*i32", "p_mass": "*i64", "st_xf": "*fp32", "ids_ptr": "*i32", "cand_n": "*i32",
-               "st_arrive": "*i32", "st_first": "*i32", "st_last": "*i32", "st_count": "*i32", "st_lean_l": "*fp32"}
+               "st_arrive": "*i32", "st_first": "*i32", "st_last": "*i32", "st_count": "*i32", "st_lean_l": "*fp32",
+               "st_top_bin": "*i32", "st_top_mass": "*i64"}
 _HIST_CONST = {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "LCAP": 4096, "LG": 4,
                "PTX": True, "ALL": 256, "CAP": 2048, "LEAN": True, "HW": 4096}
 OPTIONS = {"bins": {"maxnreg": 96}}     # compile options beyond the warps, as sample_launch passes them
@@ -38,7 +39,8 @@ SHAPES = {   # kernel: (function, argument types, constexprs, warps)
               "key1_ptr": "*i64", "col_offset": "i32", "scale": "fp32", "one": "i64", "st_stage": "*i32",
               "st_m": "*fp32", "st_tkey": "*i64", "st_raw": "*i32", "st_token": "*i64", "st_valid": "*i1",
               "st_xf": "*fp32", "p_mass": "*i64", "ids_ptr": "*i32", "cand_n": "*i32", "hist_ptr": "*i32",
-              "st_arrive": "*i32", "listed": "*i32"},
+              "st_arrive": "*i32", "listed": "*i32", "st_hlo": "*fp32", "st_hinv": "*fp32", "st_top_bin": "*i32",
+              "st_top_mass": "*i64"},
              {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "HW": 4096, "EXACT_EXP": True}, 4),
     "draw": (sample_scan.scan_kernel,
              {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32",

@@ -357,8 +357,23 @@ def test_a_list_crowded_into_one_counter_is_not_trusted_and_falls_back_exactly()
     assert _paths(x, rows, KernelConfig(list_groups=8, list_pack=False, **small)) == (0, 0, len(rows))
 
 
+def test_flat_rows_keeping_many_entries_settle_from_a_narrowed_bracket_without_the_search():
+    """Zipf-like rows at T ~1 and top-p 0.95-0.99 keep 8,000-14,000 of 20,000 entries: more than
+    the list holds, and (with 128 bins) a bracket of more than CAP entries. The list kernel
+    passes on the exact mass of the bins above its reach, which leaves the bracket's bounds
+    wide only over the bins below it, and the bracket is narrowed to CAP entries around the bin
+    where v* is estimated: every row is settled there, none takes the exact search, and the
+    tokens are the reference's."""
+    gen = torch.Generator().manual_seed(21)
+    ranks = torch.stack([torch.randperm(20_000, generator=gen) for _ in range(4)]) + 1
+    x = -1.1 * torch.log(ranks.float())
+    rows = [(1.0, 0, 0.95, 0.0), (1.0, 0, 0.97, 0.0), (1.2, 0, 0.95, 0.0), (0.9, 0, 0.99, 0.0)]
+    assert _paths(x, rows, KernelConfig(hist_bins=128)) == (0, 0, 0)
+
+
 def test_a_bracket_too_wide_for_the_candidates_falls_back_exactly():
-    """A bracket holding more than CAP entries takes the exact search: counted, same tokens."""
+    """A bracket whose narrowest window (v*'s estimated bin alone, with 16 bins) still holds more
+    than CAP entries takes the exact search: counted, same tokens."""
     gen = torch.Generator().manual_seed(8)
     x = logits("randn", len(TOP_P_ALONE), 1000, gen)
     assert _paths(x, TOP_P_ALONE, KernelConfig(hist_bins=16, cap=8, small=4, splits=2, block=64,

@@ -81,8 +81,8 @@ def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, h
 
 @triton.jit
 def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
-                p_mass, st_xf, ids_ptr, cand_n, st_arrive, st_first, st_last, st_count, st_lean_l,
-                NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
+                p_mass, st_xf, ids_ptr, cand_n, st_arrive, st_first, st_last, st_count, st_lean_l, st_top_bin,
+                st_top_mass, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
                 EXACT_EXP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, PTX: tl.constexpr,
                 PACK: tl.constexpr, BINS: tl.constexpr, ALL: tl.constexpr, CAP: tl.constexpr, LEAN: tl.constexpr,
                 HW: tl.constexpr):
@@ -123,6 +123,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tk
             tl.debug_barrier()      # every lane's atomics are issued before the arrival
             if tl.atomic_add(st_arrive + row, 1, sem="acq_rel") == NSPLIT - 1:
                 bracket_row(row, t, tl.load(p_ptr + row), scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_first,
-                            st_last, st_count, st_lean_l, st_xf, NSPLIT, ALL, NBH, HW, CAP, LCAP, LG, LEAN)
+                            st_last, st_count, st_lean_l, st_xf, st_top_bin, st_top_mass, NSPLIT, ALL, NBH, HW, CAP,
+                            LCAP, LG, LEAN)
         else:
             tl.store(p_mass + row * NSPLIT + tl.program_id(1), total)

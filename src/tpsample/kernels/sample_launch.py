@@ -65,7 +65,7 @@ class Workspace:
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, hist_width(cfg)), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
-                  ("xf", rows, f32), ("arrive", rows, i32)]
+                  ("xf", rows, f32), ("arrive", rows, i32), ("top_bin", rows, i32), ("top_mass", rows, i64)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
@@ -232,7 +232,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             hb, hw = cfg.hist_block or cfg.block, cfg.hist_warps or nw
             hist_args = (x, x.stride(0), cols, t, p, scale, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv, ws.hist,
                          ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, ws.arrive, ws.bfirst, ws.blast, ws.bcount,
-                         ws.lean_l)
+                         ws.lean_l, ws.top_bin, ws.top_mass)
             hist_shape = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=hb, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
                               LCAP=lcap, LG=cfg.list_groups, PTX=cuda, ALL=min(cfg.bracket_all, cfg.cap),
                               CAP=cfg.cap, LEAN=cfg.lean, HW=hist_width(cfg), num_warps=hw)
@@ -240,7 +240,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
-                    NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins, HW=hist_width(cfg),
+                    ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins, HW=hist_width(cfg),
                     EXACT_EXP=exact_exp, num_warps=list_warps(rows, dev, cfg))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **({"maxnreg": BINS_MAXNREG} if cuda else {}))

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import gumbel
-from .sample_bracket import target_of
+from .sample_bracket import bin_of, target_of
 from .sample_scan import fp32_nonan
 from .sample_state import BINS, CN, DONE, LIST, zero_counters
 from .tlutil import (
@@ -107,12 +107,18 @@ def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
 
 
 @triton.jit
-def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, vals_ptr, cand_n,
-                 NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr):
-    """(settled, winner value, winner column) of a row from its list (see the module docstring):
-    the columns at ids_ptr's row, their x (fp32 bits) at the same slots of vals_ptr's. The whole
-    list is held at once, LCAP slots over the program's lanes, and v* is searched between the
-    keys of Lx (every kept entry is above it) and of m (the largest)."""
+def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, vals_ptr, cand_n, lo, inv,
+                 NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr,
+                 NBH: tl.constexpr):
+    """(settled, winner value, winner column, top bin, top mass) of a row from its list (see the
+    module docstring): the columns at ids_ptr's row, their x (fp32 bits) at the same slots of
+    vals_ptr's. The whole list is held at once, LCAP slots over the program's lanes, and v* is
+    searched between the keys of Lx (every kept entry is above it) and of m (the largest).
+
+    For the bracket method of a row not settled here: the bins pass's bin of Lx (bins of
+    [lo, m] as `sample_bracket.bin_of`; -1 when Lx < lo) and the exact mass of the entries in
+    the bins above it, which are all listed (bin(l) > bin(Lx) implies l > Lx); NBH - 1 and 0
+    when the list overflowed."""
     idx = tl.arange(0, LCAP)
     cnt = tl.load(cand_n + row * CN + (idx % LG) * (CN // LG))      # each slot's group's count
     valid = (idx // LG) < cnt
@@ -123,7 +129,12 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
     keep = valid & (l > lx) & (l >= t_lo)      # (a NaN xf: nothing listed, none kept)
     e = tl.where(keep, mass(l, m, scale, one, EXACT_EXP), 0)
     target = target_of(p, p_mass, row, NSPLIT)
-    ok = (tl.max(cnt, axis=0) <= LCAP // LG) & (tl.sum(e, axis=0).to(tl.float64) >= target)
+    whole = tl.max(cnt, axis=0) <= LCAP // LG
+    ok = whole & (tl.sum(e, axis=0).to(tl.float64) >= target)
+    top_bin = tl.where(lx >= lo, bin_of(lx, lo, inv, NBH), -1)
+    top_mass = tl.sum(tl.where(keep & (l >= lo) & (bin_of(l, lo, inv, NBH) > top_bin), e, 0), axis=0)
+    top_bin = tl.where(whole, top_bin, NBH - 1)
+    top_mass = tl.where(whole, top_mass, 0)
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
     if ok:
@@ -134,16 +145,17 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
         kept = keep & (keys >= thr)
         score = key_to_float(keys) + gumbel(k0, k1, ids + col_offset)
         v, i = argmax_pair(tl.where(kept, score, NEG_INF), tl.where(kept, ids, BIG_ID32))
-    return ok, v, i
+    return ok, v, i, top_bin, top_mass
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
                 st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
-                NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
+                st_hlo, st_hinv, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
                 EXACT_EXP: tl.constexpr):
     """Each LIST row (others return at once): its token from the list (DONE, counted in
-    `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass.
+    `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass,
+    and its top bin and top mass (`resolve_list`) for the bracket.
     The listed x are in the row's hist words (HW a row, the bins' later), so the row's logits
     are not read again; the row's counters are zeroed either way (the list is read first)."""
     row = tl.program_id(0)
@@ -151,9 +163,10 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
         hrow = hist_ptr + row.to(tl.int64) * HW
-        ok, v, i = resolve_list(row, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row),
-                                key_to_float(tl.load(st_tkey + row)), tl.load(st_xf + row), scale, one, k0, k1,
-                                col_offset, p_mass, ids_ptr, hrow, cand_n, NSPLIT, LCAP, LG, EXACT_EXP)
+        ok, v, i, top_bin, top_mass = resolve_list(
+            row, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row), key_to_float(tl.load(st_tkey + row)),
+            tl.load(st_xf + row), scale, one, k0, k1, col_offset, p_mass, ids_ptr, hrow, cand_n,
+            tl.load(st_hlo + row), tl.load(st_hinv + row), NSPLIT, LCAP, LG, EXACT_EXP, NBH)
         stage = tl.full((), BINS, tl.int32)
         if ok:
             found = v > NEG_INF
@@ -164,6 +177,8 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
         else:       # (every warp read the list's x before the reductions that decided ok)
             tl.store(hrow + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
             tl.store(st_arrive + row, 0)
+            tl.store(st_top_bin + row, top_bin)
+            tl.store(st_top_mass + row, top_mass)
         tl.debug_barrier()      # every warp has read the list's counters before they are zeroed
         zero_counters(cand_n, row)
         tl.store(st_stage + row, stage)
