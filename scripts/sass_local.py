@@ -4,10 +4,10 @@ do the work, so a change to a streaming pass can be weighed (instructions per lo
 a GPU run.
     python scripts/sass_local.py hist|bins|list|draw [out.sass]
 Kernels at 256 x 151,936's shape: hist (the top-p hist pass: mass and list), bins (its bins
-mode), list (the list kernel), draw (the scan of a temperature-only batch, which draws). Prints the registers a thread and the instruction count and
-opcode histogram of its LOOPS (default 2) longest loops; ends with one JSON line. The count is
-static (an instruction on a branch not taken counts too); the GPU's Triton may be older than
-this one."""
+mode), list (the list kernel), draw (the scan of a temperature-only batch, which draws).
+Prints the registers a thread and the instruction count and opcode histogram of its LOOPS
+(default 2) longest loops; ends with one JSON line. The count is static (an instruction on a
+branch not taken counts too); the GPU's Triton may be older than this one."""
 import collections
 import inspect
 import json

@@ -192,8 +192,8 @@ def x_bound(L, t):
 
 @triton.jit
 def bracket_row(row, t, p, scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_first, st_last, st_count, st_lean_l,
-                st_xf, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
-                CAP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, LEAN: tl.constexpr):
+                st_xf, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr,
+                HW: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, LEAN: tl.constexpr):
     """The bracket of a BINS row once its histogram is complete (the collect programs and the
     finish read it): stage LEAN (sample_lean.py) when LEAN, its entries from the bracket's first
     bin up fit the list (`lean_fits`) and its candidates fit CAP, with L and the list's x bound;

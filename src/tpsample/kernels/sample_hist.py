@@ -23,7 +23,15 @@ from .sample_bracket import bin_of, bracket_row
 from .sample_list import list_claim, list_group
 from .sample_state import BINS as BINS_STAGE
 from .sample_state import LIST
-from .tlutil import NEG_INF, count_where, div_by, div_t, kept_mass, key_to_float, store_pair_where
+from .tlutil import (
+    NEG_INF,
+    count_where,
+    div_by,
+    div_t,
+    kept_mass,
+    key_to_float,
+    store_pair_where,
+)
 
 
 @triton.jit

@@ -240,8 +240,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
-                    ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups, NBH=cfg.hist_bins, HW=hist_width(cfg),
-                    EXACT_EXP=exact_exp, num_warps=list_warps(rows, dev, cfg))
+                    ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
+                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, num_warps=list_warps(rows, dev, cfg))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **({"maxnreg": BINS_MAXNREG} if cuda else {}))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,

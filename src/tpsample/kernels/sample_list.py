@@ -151,8 +151,8 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
 @triton.jit(do_not_specialize=["col_offset"])
 def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
                 st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
-                st_hlo, st_hinv, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, NBH: tl.constexpr, HW: tl.constexpr,
-                EXACT_EXP: tl.constexpr):
+                st_hlo, st_hinv, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr,
+                NBH: tl.constexpr, HW: tl.constexpr, EXACT_EXP: tl.constexpr):
     """Each LIST row (others return at once): its token from the list (DONE, counted in
     `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass,
     and its top bin and top mass (`resolve_list`) for the bracket.
