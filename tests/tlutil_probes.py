@@ -1,10 +1,12 @@
-"""Probe kernels of `tpsample.kernels.tlutil` helpers for tests/test_kernels_fast_division.py and
-tests/test_interpreter_speedup.py, imported inside the tests, after the interpreter switch (triton.jit
+"""Probe kernels of `tpsample.kernels.tlutil` helpers (and the scan's skip test) for
+tests/test_kernels_fast_division.py, tests/test_interpreter_speedup.py and
+tests/test_kernels_skip_test.py, imported inside the tests, after the interpreter switch (triton.jit
 picks interpreted or compiled when this module is imported)."""
 import triton
 import triton.language as tl
 
 from tpsample.kernels.sample_hist import fast_division_ok
+from tpsample.kernels.sample_scan import may_win_fast, win_bound
 from tpsample.kernels.tlutil import bisection_steps, claim_slots, div_by
 
 
@@ -34,3 +36,14 @@ def claims(sel_ptr, line_ptr, slot_ptr, n, LG: tl.constexpr, GROUP_WORDS: tl.con
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     sel = tl.load(sel_ptr + offs, mask=offs < n, other=0)
     tl.store(slot_ptr + offs, claim_slots(line_ptr, sel, LG, GROUP_WORDS), mask=offs < n)
+
+
+@triton.jit
+def skip_test(la_ptr, u_ptr, best_ptr, out_ptr, n, PTX: tl.constexpr, BLOCK: tl.constexpr):
+    """may_win_fast(la, u, win_bound(best)) elementwise (u as int64 holding a uint32)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    la = tl.load(la_ptr + offs, mask=m, other=0.0)
+    u = tl.load(u_ptr + offs, mask=m, other=0).to(tl.uint32)
+    ok = may_win_fast(la, u, win_bound(tl.load(best_ptr + offs, mask=m, other=0.0)), PTX)
+    tl.store(out_ptr + offs, ok.to(tl.int32), mask=m)
