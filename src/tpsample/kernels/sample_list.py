@@ -131,12 +131,13 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
     target = target_of(p, p_mass, row, NSPLIT)
     whole = tl.max(cnt, axis=0) <= LCAP // LG
     ok = whole & (tl.sum(e, axis=0).to(tl.float64) >= target)
-    top_bin = tl.where(lx >= lo, bin_of(lx, lo, inv, NBH), -1)
-    top_mass = tl.sum(tl.where(keep & (l >= lo) & (bin_of(l, lo, inv, NBH) > top_bin), e, 0), axis=0)
-    top_bin = tl.where(whole, top_bin, NBH - 1)
-    top_mass = tl.where(whole, top_mass, 0)
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
+    top_bin = tl.full((), NBH - 1, tl.int32)
+    top_mass = tl.zeros((), tl.int64)
+    if whole & ~ok:     # (only for the bracket: settled rows skip the reduction)
+        top_bin = tl.where(lx >= lo, bin_of(lx, lo, inv, NBH), -1)
+        top_mass = tl.sum(tl.where(keep & (l >= lo) & (bin_of(l, lo, inv, NBH) > top_bin), e, 0), axis=0)
     if ok:
         keys = tl.where(keep, order_key(l).to(tl.int64), -1)
         # f(key(Lx)) = the whole kept mass >= target; f(key(m)) = 0 < target
