@@ -25,6 +25,7 @@ from .sample_state import BINS as BINS_STAGE
 from .sample_state import LIST
 from .tlutil import (
     NEG_INF,
+    chunk_bounds,
     count_where,
     div_by,
     div_t,
@@ -106,8 +107,7 @@ def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tk
     else:
         mine = stage == LIST
     if mine:
-        start = tl.program_id(1) * CHUNK
-        end = tl.minimum(start + CHUNK, ncols)
+        start, end = chunk_bounds(ncols, CHUNK)
         row_off = row.to(tl.int64) * stride
         t = tl.load(t_ptr + row)
         m = tl.load(st_m + row)

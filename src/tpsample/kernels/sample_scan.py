@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .rng_triton import GOLDEN, gumbel_from_bits, uniform_bits_spread
 from .sample_state import FILTER, GREEDY, PLAIN
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, pair_max
+from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, ex2_ftz, opaque_u32, pair_max
 
 
 @triton.jit
@@ -53,27 +53,6 @@ def win_bound(best_v):
     finite entry passes); NaN at best_v = +inf (nothing passes: a later column cannot beat it,
     ties keep the earlier)."""
     return (best_v - (2e-3 + 4e-6 * (2.0 * tl.abs(best_v) + 128.0))) * LOG2E
-
-
-@triton.jit
-def ex2_ftz(z, PTX: tl.constexpr):
-    """2**z, fast: PTX `ex2.approx.ftz` (CUDA only; relative error ~2**-22, subnormal results
-    flushed to 0), else `tl.exp2`."""
-    if PTX:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.exp2(z)
-
-
-@triton.jit
-def opaque_u32(v, PTX: tl.constexpr):
-    """v, hidden from the compiler's algebra on CUDA (a PTX move): else it folds
-    offs * GOLDEN + s * GOLDEN back into (offs + s) * GOLDEN, a multiply an entry again."""
-    if PTX:
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.uint32, is_pure=True, pack=1)
-    else:
-        return v
 
 
 @triton.jit

@@ -3,8 +3,9 @@
 Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter runs them), except
 `fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
 that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
-faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where` and `store_where`
-run inline PTX when their PTX flag is set (compiled for CUDA), else `tl.atomic_add` / `tl.store`.
+faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where`, `store_where`,
+`store_pair_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
+(compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops.
 """
 import triton
 import triton.language as tl
@@ -150,6 +151,27 @@ def store_where(base, idx, values, mask, PTX: tl.constexpr):
             pack=1)
     else:
         tl.store(base + idx, values, mask=mask)
+
+
+@triton.jit
+def ex2_ftz(z, PTX: tl.constexpr):
+    """2**z, fast: PTX `ex2.approx.ftz` (CUDA only; relative error ~2**-22, subnormal results
+    flushed to 0), else `tl.exp2`."""
+    if PTX:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(z)
+
+
+@triton.jit
+def opaque_u32(v, PTX: tl.constexpr):
+    """v, hidden from the compiler's algebra on CUDA (a PTX move): else it folds
+    offs * GOLDEN + s * GOLDEN back into (offs + s) * GOLDEN, a multiply an entry again."""
+    if PTX:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return v
 
 
 @triton.jit
