@@ -8,7 +8,8 @@
 - after HIST: move the window between the pivots that bracket the target (exact counts and
   masses), then collect it if it is small, else place the next pivots.
 - after BRACKET: resolve v* from the bracket's candidates and draw (sample_bracket.py); a
-  bracket over CAP entries or one that does not certify starts the exact search (HIST).
+  bracket still over CAP entries once narrowed, or one that does not certify, starts the exact
+  search (HIST).
 - after LEAN: the same from the listed columns (sample_lean.py).
 Every row that starts the exact search from COLLECT, BRACKET or LEAN is counted in `fallbacks`.
 Rows still not DONE bump `pending`, which tells the host whether to run another round.

@@ -114,7 +114,7 @@ def raw_argmax(xrow, ncols):
 def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset,
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, st_xf, pre_k,
+                  st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, st_xf, list_k,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr):
     row = tl.program_id(0)
@@ -152,7 +152,7 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                 lo, inv = range_for_top_p(m, t1, p, block_max_sum(bmax_ptr, row, nblk, m, NBP), minp, ncols)
                 tl.store(st_hlo + row, lo)
                 tl.store(st_hinv + row, inv)
-                tl.store(st_xf + row, list_bound(bmax_ptr, row, nblk, pre_k, lo, m, tl.load(t_ptr + row), NBP))
+                tl.store(st_xf + row, list_bound(bmax_ptr, row, nblk, list_k, lo, m, tl.load(t_ptr + row), NBP))
                 stage = tl.full((), LIST, tl.int32)
             elif topk:
                 tau, n_lb = lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP)
