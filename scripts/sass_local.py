@@ -2,7 +2,7 @@
 instruction mix of its hottest loop and its registers: the bundled ptxas, nvdisasm and cuobjdump
 do the work, so a change to a streaming pass can be weighed (instructions per loop step) before
 a GPU run.
-    python scripts/sass_local.py hist|bins|list|draw [out.sass]
+    [WARPS=8] python scripts/sass_local.py hist|bins|list|draw [out.sass]
 Kernels at 256 x 151,936's shape: hist (the top-p hist pass: mass and list), bins (its bins
 mode), list (the list kernel), draw (the scan of a temperature-only batch, which draws).
 Prints the registers a thread and the instruction count and opcode histogram of its LOOPS
@@ -30,7 +30,7 @@ _HIST_TYPES = {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp3
                "st_top_bin": "*i32", "st_top_mass": "*i64"}
 _HIST_CONST = {"NSPLIT": 16, "CHUNK": 9496, "BLOCK": 1024, "NBH": 2048, "EXACT_EXP": True, "LCAP": 4096, "LG": 4,
                "PTX": True, "ALL": 256, "CAP": 2048, "LEAN": True, "HW": 4096}
-OPTIONS = {"bins": {"maxnreg": 96}}     # compile options beyond the warps, as sample_launch passes them
+OPTIONS = {"bins": {"maxnreg": 96}, "list": {"maxnreg": 128}}     # beyond the warps, as sample_launch passes them
 SHAPES = {   # kernel: (function, argument types, constexprs, warps)
     "hist": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=True, BINS=False), 4),
     "bins": (sample_hist.hist_kernel, _HIST_TYPES, dict(_HIST_CONST, PACK=False, BINS=True), 4),
@@ -41,7 +41,7 @@ SHAPES = {   # kernel: (function, argument types, constexprs, warps)
               "st_xf": "*fp32", "p_mass": "*i64", "ids_ptr": "*i32", "cand_n": "*i32", "hist_ptr": "*i32",
               "st_arrive": "*i32", "listed": "*i32", "st_hlo": "*fp32", "st_hinv": "*fp32", "st_top_bin": "*i32",
               "st_top_mass": "*i64"},
-             {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "HW": 4096, "EXACT_EXP": True}, 4),
+             {"NSPLIT": 16, "LCAP": 4096, "LG": 4, "NBH": 2048, "HW": 4096, "EXACT_EXP": True, "PTX": True}, 8),
     "draw": (sample_scan.scan_kernel,
              {"x_ptr": "*fp32", "stride": "i32", "ncols": "i32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32",
               "lmp_ptr": "*fp32", "key0_ptr": "*i64", "key1_ptr": "*i64", "col_offset": "i32", "raw_v_ptr": "*fp32",
@@ -53,6 +53,7 @@ SHAPES = {   # kernel: (function, argument types, constexprs, warps)
 
 def compile_sass(name: str) -> str:
     fn, types, const, warps = SHAPES[name]
+    warps = int(os.environ.get("WARPS", warps))
     params = list(inspect.signature(fn.fn).parameters)
     const = {k: v for k, v in const.items() if k in params}
     sig = {p: "constexpr" if p in const else types[p] for p in params}

@@ -39,6 +39,12 @@ VARIANTS = {
     "lw4": (KernelConfig(list_warps=4), P),
     "lw8": (KernelConfig(list_warps=8), P),
     "lw16": (KernelConfig(list_warps=16), P),
+    # the list kernel's registers a thread (maxnreg; the default 128), so more programs share a SM
+    "lr_none": (KernelConfig(list_regs=None), P),
+    "lr96": (KernelConfig(list_regs=96), P),
+    "lw4_lr128": (KernelConfig(list_warps=4), P),
+    "lw8_lr128": (KernelConfig(list_warps=8), P),
+    "lw16_lr64": (KernelConfig(list_warps=16, list_regs=64), P),
     # the list's appends through 8 counters a row
     "lg8": (KernelConfig(list_groups=8), P),
     "lb1024": (KernelConfig(lean_block=1024), P),

@@ -108,15 +108,15 @@ def test_temperature_only_batches_take_one_warp_short_steps_on_cuda_and_the_plai
     assert draw_config(KernelConfig(draw_scan_cols=64), False).scan_cols == 64
 
 
-def test_the_list_kernel_takes_8_warps_while_its_rows_run_at_once_and_4_beyond(monkeypatch):
-    """`list_warps` None: 8 warps up to two rows a SM (one program a row runs at once), 4 for
-    more rows and off CUDA; a set value holds anywhere."""
+def test_the_list_kernel_takes_8_warps_of_128_registers_on_cuda_and_4_warps_elsewhere():
+    """`list_warps` None: 8 warps on CUDA at any row count, capped at `list_regs` registers a
+    thread (two programs a SM), 4 off CUDA; a set value holds anywhere."""
     from tpsample.kernels import sample_launch
-    monkeypatch.setattr(sample_launch, "_sm_count", lambda index: 132)
     cuda = torch.device("cuda", 0)
-    assert [sample_launch.list_warps(r, cuda, DEFAULT) for r in (1, 32, 264, 265, 1024)] == [8, 8, 8, 4, 4]
-    assert sample_launch.list_warps(32, torch.device("cpu"), DEFAULT) == 4
-    assert sample_launch.list_warps(32, cuda, KernelConfig(list_warps=2)) == 2
+    assert sample_launch.list_warps(cuda, DEFAULT) == 8
+    assert DEFAULT.list_regs == 128
+    assert sample_launch.list_warps(torch.device("cpu"), DEFAULT) == 4
+    assert sample_launch.list_warps(cuda, KernelConfig(list_warps=2)) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

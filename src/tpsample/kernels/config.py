@@ -41,7 +41,9 @@ class KernelConfig:
     list_room: int = 3072      # top-p alone: entries a row's guessed list aims at (it holds up to 2 * cap)
     list_groups: int = 4       # counters a row's list appends through (atomics spread over addresses)
     list_pack: bool = True     # CUDA: the hist pass claims list slots with one atomic per 4 entries a thread
-    list_warps: int | None = None   # the list kernel (a program a row holds its whole list); None: by rows
+    list_warps: int | None = None   # the list kernel (a program a row holds its whole list); None: 8 on CUDA, else 4
+    list_regs: int | None = 128     # CUDA: registers a thread of the list kernel (its maxnreg; 8..255, a multiple
+    #                                 of 8): 128 lets two 8-warp programs share a SM; None: the compiler's choice
     lean: bool = True          # rows the list leaves: <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
@@ -67,6 +69,9 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
+        v = self.list_regs
+        if v is not None and (not _is_int(v) or not 8 <= v <= 255 or v % 8):
+            raise ValueError(f"KernelConfig.list_regs must be None or a multiple of 8 in [8, 255], got {v!r}")
         for name in ("lean", "list_pack"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"

@@ -22,7 +22,6 @@ from .config import (
     KernelConfig,
     RowHints,
     _pow2,
-    _sm_count,
     fallback_counter,
     lean_counter,
     listed_counter,
@@ -88,18 +87,17 @@ def hist_width(cfg: KernelConfig) -> int:
     return max(cfg.hist_bins, 2 * cfg.cap)
 
 
-def list_warps(rows: int, dev: torch.device, cfg: KernelConfig) -> int:
-    """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 when every
-    row's program runs at once (two a SM: at most 2 x SMs rows), where the call waits on one
-    row's chain of reductions, which more warps shorten, and 4 for more rows, where programs
-    queue and 4 warps get through them faster (device time on an H200, T 0.8 / top-p 0.9 over
-    151,936 columns: 8 warps 18.8 / 38.1 / ~146 us at 32 / 256 / 1,024 rows, 4 warps 28.8 /
-    40.1 / 127.5, docs/benchmarks.md)."""
+def list_warps(dev: torch.device, cfg: KernelConfig) -> int:
+    """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 on CUDA,
+    with `list_regs` (128) registers a thread so that two programs share a SM (the call waits on
+    one row's chain of reductions, which more warps shorten, and the programs that queue are
+    half as many), and 4 elsewhere. Device time on an H200, T 0.8 / top-p 0.9 over 151,936
+    columns, at 32 / 256 / 1,024 rows: 8 warps at 128 registers 18.3 / 26.4 / 92.3 us, where
+    the compiler's 175 registers left one program a SM (18.3 / 36.5, and 4 warps 144.6 at 1,024
+    rows); 16 warps at 64 registers 16.9 / ~29 / ~97 (docs/benchmarks.md)."""
     if cfg.list_warps is not None:
         return cfg.list_warps
-    if dev.type != "cuda":
-        return 4
-    return 8 if rows <= 2 * _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()) else 4
+    return 8 if dev.type == "cuda" else 4
 
 
 def block_max_cols(cols: int, cfg: KernelConfig) -> int:
@@ -241,7 +239,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
-                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, num_warps=list_warps(rows, dev, cfg))
+                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=cuda,
+                    num_warps=list_warps(dev, cfg), **({"maxnreg": cfg.list_regs} if cuda and cfg.list_regs else {}))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **({"maxnreg": BINS_MAXNREG} if cuda else {}))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,

@@ -13,7 +13,7 @@ resolves the row from that list alone:
 - their exact masses e (the hist pass's `kept_mass`, entry for entry) settle the row when
   float64(sum e) >= p * S: every entry with l <= Lx then has at least that mass strictly above it
   and is dropped, and v* is the smallest key kappa among the listed ones with
-  float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_below`);
+  float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_few`);
 - the token is the Gumbel argmax over the listed entries with key >= kappa.
 
 Nothing is estimated: the list only chooses which entries are examined, every decision is on
@@ -43,10 +43,13 @@ from .tlutil import (
     div_t,
     key_to_float,
     mass,
-    min_key_mass_below,
+    min_key_mass_few,
     order_key,
     store_where,
 )
+
+# keys the search for v* settles at once, pairwise (`tlutil.min_key_mass_few`)
+FEW = tl.constexpr(32)
 
 
 @triton.jit
@@ -109,7 +112,7 @@ def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
 @triton.jit
 def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, vals_ptr, cand_n, lo, inv,
                  NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr,
-                 NBH: tl.constexpr):
+                 NBH: tl.constexpr, PTX: tl.constexpr):
     """(settled, winner value, winner column, top bin, top mass) of a row from its list (see the
     module docstring): the columns at ids_ptr's row, their x (fp32 bits) at the same slots of
     vals_ptr's. The whole list is held at once, LCAP slots over the program's lanes, and v* is
@@ -140,9 +143,11 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
         top_mass = tl.sum(tl.where(keep & (l >= lo) & (bin_of(l, lo, inv, NBH) > top_bin), e, 0), axis=0)
     if ok:
         keys = tl.where(keep, order_key(l).to(tl.int64), -1)
-        # f(key(Lx)) = the whole kept mass >= target; f(key(m)) = 0 < target
-        thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, order_key(lx).to(tl.int64),
-                                 order_key(m).to(tl.int64))
+        # f(key(Lx)) = the whole kept mass >= target; f(key(m)) = 0 < target; the list's x
+        # (read above) leave their words free for the search's scratch
+        thr = min_key_mass_few(keys, e, tl.zeros((), tl.int64), target, order_key(lx).to(tl.int64),
+                               order_key(m).to(tl.int64), tl.sum(keep.to(tl.int32), axis=0),
+                               vals_ptr.to(tl.pointer_type(tl.int64)), FEW, PTX)
         kept = keep & (keys >= thr)
         score = key_to_float(keys) + gumbel(k0, k1, ids + col_offset)
         v, i = argmax_pair(tl.where(kept, score, NEG_INF), tl.where(kept, ids, BIG_ID32))
@@ -153,7 +158,7 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
 def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
                 st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
                 st_hlo, st_hinv, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr,
-                NBH: tl.constexpr, HW: tl.constexpr, EXACT_EXP: tl.constexpr):
+                NBH: tl.constexpr, HW: tl.constexpr, EXACT_EXP: tl.constexpr, PTX: tl.constexpr):
     """Each LIST row (others return at once): its token from the list (DONE, counted in
     `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass,
     and its top bin and top mass (`resolve_list`) for the bracket.
@@ -167,7 +172,7 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
         ok, v, i, top_bin, top_mass = resolve_list(
             row, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row), key_to_float(tl.load(st_tkey + row)),
             tl.load(st_xf + row), scale, one, k0, k1, col_offset, p_mass, ids_ptr, hrow, cand_n,
-            tl.load(st_hlo + row), tl.load(st_hinv + row), NSPLIT, LCAP, LG, EXACT_EXP, NBH)
+            tl.load(st_hlo + row), tl.load(st_hinv + row), NSPLIT, LCAP, LG, EXACT_EXP, NBH, PTX)
         stage = tl.full((), BINS, tl.int32)
         if ok:
             found = v > NEG_INF

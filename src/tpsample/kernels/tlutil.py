@@ -4,7 +4,7 @@ Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter r
 `fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
 that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
 faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where`, `store_where`,
-`store_pair_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
+`store_pair_where`, `store_wide_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
 (compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops.
 """
 import triton
@@ -154,6 +154,21 @@ def store_where(base, idx, values, mask, PTX: tl.constexpr):
 
 
 @triton.jit
+def store_wide_where(base, idx, values, mask, PTX: tl.constexpr):
+    """base[idx] = value (int64) where `mask` (idx >= 0 there); PTX as in `store_where` (Triton's
+    scattered int64 store kept every lane's address and value alive at once: +67 registers a
+    thread in the list kernel)."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 8, $1; "
+            "@p st.global.b64 [a], $3; mov.u32 $0, 0; }",
+            "=r,l,r,l,r", [base, idx, values.to(tl.int64), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1)
+    else:
+        tl.store(base + idx, values, mask=mask)
+
+
+@triton.jit
 def ex2_ftz(z, PTX: tl.constexpr):
     """2**z, fast: PTX `ex2.approx.ftz` (CUDA only; relative error ~2**-22, subnormal results
     flushed to 0), else `tl.exp2`."""
@@ -257,3 +272,49 @@ def min_key_mass_below(keys, e, base, target, lo, hi):
         hi = tl.where(ok, mid, hi)
         lo = tl.where(ok, lo, mid)
     return hi
+
+
+@triton.jit
+def min_key_mass_few(keys, e, base, target, lo, hi, n_lo, scratch, FEW: tl.constexpr, PTX: tl.constexpr):
+    """`min_key_mass_below`'s kappa (the same value) in fewer reductions, for keys int64 in
+    [0, 2**32) with -1 for a non-candidate (e 0 there) and none above hi; n_lo = #(keys > lo).
+    It bisects only while more than FEW keys lie in (lo, hi] (a count beside each step's mass),
+    then settles kappa among those keys at once: kappa is the smallest of them, c, with
+    float64(f(c)) < target, f(c) = f(hi) + the mass of those above c (the largest one passes, as
+    f(hi) does; there is one, as f(hi) < target <= f(lo)). They are gathered in `scratch`
+    (2 * FEW + 1 int64 words of the program's, free once every warp has passed the caller's last
+    reduction) through a counter there (`claim_where`, PTX as there): a prefix sum over the
+    whole block would keep twice the registers alive. Rows whose candidates crowd one key range
+    (ties, flat rows) bisect to lo + 1 == hi as before."""
+    f_hi = base
+    n_hi = tl.zeros((), tl.int32)
+    for _ in range(bisection_steps(hi - lo)):    # a fixed count (see `max_key_with_count`)
+        if n_lo - n_hi > FEW:
+            mid = (lo + hi) >> 1
+            above = keys > mid
+            f = base + tl.sum(tl.where(above, e, 0), axis=0)
+            n = tl.sum(above.to(tl.int32), axis=0)
+            ok = f.to(tl.float64) < target
+            hi = tl.where(ok, mid, hi)
+            f_hi = tl.where(ok, f, f_hi)
+            n_hi = tl.where(ok, n, n_hi)
+            lo = tl.where(ok, lo, mid)
+            n_lo = tl.where(ok, n_lo, n)
+    thr = hi
+    if hi - lo > 1:
+        n = n_lo - n_hi
+        inb = (keys > lo) & (keys <= hi)
+        counter = (scratch + 2 * FEW).to(tl.pointer_type(tl.int32))
+        tl.store(counter, 0)
+        tl.debug_barrier()       # (and every warp is past the caller's reads of the scratch)
+        pos = claim_where(counter + tl.zeros_like(inb.to(tl.int32)), inb, PTX)
+        store_wide_where(scratch, pos, keys, inb, PTX)
+        store_wide_where(scratch + FEW, pos, e, inb, PTX)
+        tl.debug_barrier()
+        j = tl.arange(0, FEW)
+        cj = tl.load(scratch + j, mask=j < n, other=-1)
+        ej = tl.load(scratch + FEW + j, mask=j < n, other=0)
+        f = f_hi + tl.sum(tl.where(cj[None, :] > cj[:, None], ej[None, :], 0), axis=1)
+        good = (j < n) & (f.to(tl.float64) < target)
+        thr = tl.min(tl.where(good, cj, hi), axis=0)
+    return thr
