@@ -45,6 +45,10 @@ VARIANTS = {
     "lw4_lr128": (KernelConfig(list_warps=4), P),
     "lw8_lr128": (KernelConfig(list_warps=8), P),
     "lw16_lr64": (KernelConfig(list_warps=16, list_regs=64), P),
+    # the hist pass's registers a thread (maxnreg), so more of its programs share a SM
+    "hr64": (KernelConfig(hist_regs=64), P),
+    "hr64_w8": (KernelConfig(hist_regs=64, hist_warps=8, hist_block=2048), P),
+    "hr56": (KernelConfig(hist_regs=56), P),
     # the list's appends through 8 counters a row
     "lg8": (KernelConfig(list_groups=8), P),
     "lb1024": (KernelConfig(lean_block=1024), P),

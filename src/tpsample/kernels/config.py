@@ -49,6 +49,8 @@ class KernelConfig:
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
+    hist_regs: int | None = None    # CUDA: registers a thread of the hist pass's mass-and-list mode (maxnreg, as
+    #                                 list_regs); None: the compiler's choice
     num_warps: int = 1         # round passes and stats / shard kernels
     scan_warps: int = 4        # the scan
     row_warps: int = 4         # per-row kernels (select, finish)
@@ -69,9 +71,10 @@ class KernelConfig:
             v = getattr(self, name)
             if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        v = self.list_regs
-        if v is not None and (not _is_int(v) or not 8 <= v <= 255 or v % 8):
-            raise ValueError(f"KernelConfig.list_regs must be None or a multiple of 8 in [8, 255], got {v!r}")
+        for name in ("list_regs", "hist_regs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 8 <= v <= 255 or v % 8):
+                raise ValueError(f"KernelConfig.{name} must be None or a multiple of 8 in [8, 255], got {v!r}")
         for name in ("lean", "list_pack"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"

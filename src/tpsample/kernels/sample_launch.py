@@ -235,7 +235,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                               LCAP=lcap, LG=cfg.list_groups, PTX=cuda, ALL=min(cfg.bracket_all, cfg.cap),
                               CAP=cfg.cap, LEAN=cfg.lean, HW=hist_width(cfg), num_warps=hw)
             pack = cuda and cfg.list_pack and hb % (128 * hw) == 0     # 4 entries a thread, whole
-            HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
+            HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape,
+                    **({"maxnreg": cfg.hist_regs} if cuda and cfg.hist_regs else {}))
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,

@@ -116,7 +116,9 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
     """(settled, winner value, winner column, top bin, top mass) of a row from its list (see the
     module docstring): the columns at ids_ptr's row, their x (fp32 bits) at the same slots of
     vals_ptr's. The whole list is held at once, LCAP slots over the program's lanes, and v* is
-    searched between the keys of Lx (every kept entry is above it) and of m (the largest).
+    searched between the keys of Lx (every kept entry is above it) and of m (the largest), the
+    last FEW keys gathered in vals_ptr's first words once the x are read (PTX: through
+    `tlutil.claim_where`'s per-lane atomic).
 
     For the bracket method of a row not settled here: the bins pass's bin of Lx (bins of
     [lo, m] as `sample_bracket.bin_of`; -1 when Lx < lo) and the exact mass of the entries in

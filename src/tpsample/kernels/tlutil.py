@@ -4,7 +4,7 @@ Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter r
 `fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
 that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
 faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where`, `store_where`,
-`store_pair_where`, `store_wide_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
+`store_pair_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
 (compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops.
 """
 import triton
@@ -141,29 +141,23 @@ def claim_where(ptrs, mask, PTX: tl.constexpr):
 
 @triton.jit
 def store_where(base, idx, values, mask, PTX: tl.constexpr):
-    """base[idx] = value (int32) where `mask` (idx >= 0 there); PTX as in `count_where` (a
-    scattered store is a memory op with a layout of its own too)."""
+    """base[idx] = value (int32, or int64 where base points to 64-bit words) where `mask` (idx >= 0
+    there); PTX as in `count_where` (a scattered store is a memory op with a layout of its own
+    too; Triton's scattered int64 store kept every lane's address and value alive at once, +67
+    registers a thread in the list kernel)."""
     if PTX:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 4, $1; "
-            "@p st.global.b32 [a], $3; mov.u32 $0, 0; }",
-            "=r,l,r,r,r", [base, idx, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
-    else:
-        tl.store(base + idx, values, mask=mask)
-
-
-@triton.jit
-def store_wide_where(base, idx, values, mask, PTX: tl.constexpr):
-    """base[idx] = value (int64) where `mask` (idx >= 0 there); PTX as in `store_where` (Triton's
-    scattered int64 store kept every lane's address and value alive at once: +67 registers a
-    thread in the list kernel)."""
-    if PTX:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 8, $1; "
-            "@p st.global.b64 [a], $3; mov.u32 $0, 0; }",
-            "=r,l,r,l,r", [base, idx, values.to(tl.int64), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
+        if base.dtype.element_ty.primitive_bitwidth == 64:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 8, $1; "
+                "@p st.global.b64 [a], $3; mov.u32 $0, 0; }",
+                "=r,l,r,l,r", [base, idx, values.to(tl.int64), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 4, $1; "
+                "@p st.global.b32 [a], $3; mov.u32 $0, 0; }",
+                "=r,l,r,r,r", [base, idx, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
     else:
         tl.store(base + idx, values, mask=mask)
 
@@ -308,8 +302,8 @@ def min_key_mass_few(keys, e, base, target, lo, hi, n_lo, scratch, FEW: tl.const
         tl.store(counter, 0)
         tl.debug_barrier()       # (and every warp is past the caller's reads of the scratch)
         pos = claim_where(counter + tl.zeros_like(inb.to(tl.int32)), inb, PTX)
-        store_wide_where(scratch, pos, keys, inb, PTX)
-        store_wide_where(scratch + FEW, pos, e, inb, PTX)
+        store_where(scratch, pos, keys, inb, PTX)
+        store_where(scratch + FEW, pos, e, inb, PTX)
         tl.debug_barrier()
         j = tl.arange(0, FEW)
         cj = tl.load(scratch + j, mask=j < n, other=-1)
