@@ -2,8 +2,9 @@
 the same kappa as the full bisection (`min_key_mass_below`) and as a brute force over exact
 integers: the smallest kappa in (lo, hi] with float64(base + mass of keys > kappa) < target. Cases
 cover keys spread over a wide range (the bisection runs, then the pairwise finish), few keys
-from the start (the finish alone), ties crowding one key (the bisection down to lo + 1 == hi),
-zero masses, no key at all in the final interval, and targets on the float64 boundaries."""
+from the start (the finish alone), ties crowding two keys (the bisection down to lo + 1 == hi),
+keys packed in a narrow range, zero masses, and targets on the float64 boundaries (the float64
+of a partial sum, and one ulp either side)."""
 import random
 
 import pytest
