@@ -139,6 +139,13 @@ def claim_where(ptrs, mask, PTX: tl.constexpr):
     return old
 
 
+# `store_where`'s PTX: an int32 and an int64 store (the offset idx * 4 or idx * 8)
+_STORE_B32 = tl.constexpr("{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 4, $1; "
+                          "@p st.global.b32 [a], $3; mov.u32 $0, 0; }")
+_STORE_B64 = tl.constexpr("{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 8, $1; "
+                          "@p st.global.b64 [a], $3; mov.u32 $0, 0; }")
+
+
 @triton.jit
 def store_where(base, idx, values, mask, PTX: tl.constexpr):
     """base[idx] = value (int32, or int64 where base points to 64-bit words) where `mask` (idx >= 0
@@ -146,18 +153,11 @@ def store_where(base, idx, values, mask, PTX: tl.constexpr):
     too; Triton's scattered int64 store kept every lane's address and value alive at once, +67
     registers a thread in the list kernel)."""
     if PTX:
-        if base.dtype.element_ty.primitive_bitwidth == 64:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 8, $1; "
-                "@p st.global.b64 [a], $3; mov.u32 $0, 0; }",
-                "=r,l,r,l,r", [base, idx, values.to(tl.int64), mask.to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $4, 0; mad.wide.u32 a, $2, 4, $1; "
-                "@p st.global.b32 [a], $3; mov.u32 $0, 0; }",
-                "=r,l,r,r,r", [base, idx, values.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
+        wide: tl.constexpr = base.dtype.element_ty.primitive_bitwidth == 64
+        tl.inline_asm_elementwise(
+            _STORE_B64 if wide else _STORE_B32, "=r,l,r,l,r" if wide else "=r,l,r,r,r",
+            [base, idx, values.to(tl.int64 if wide else tl.int32), mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
     else:
         tl.store(base + idx, values, mask=mask)
 
