@@ -1,7 +1,8 @@
 """What the list kernel's parts cost on a GPU: device time of a probe copy of the list kernel with
 parts left out or done another way, over the workspace the hist pass leaves for `randn * 3`
-rows (T 0.8, top-p 0.9, V = 151,936): the search for v* (none, bisection, radix-8), the Gumbel
-draw (on / off), the listed x read beside the ids or gathered from the logits. Each launch starts
+rows (T 0.8, top-p 0.9, V = 151,936): the search for v* (none, the kernel's short search, the
+full bisection, radix-8), the Gumbel draw (on / off), the listed x read beside the ids or
+gathered from the logits, the warps and the register cap. Each launch starts
 from the same saved workspace (copied back outside the timed span).
     python scripts/list_costs.py [rows ...]
 Prints a table and ends with one JSON line."""
@@ -31,6 +32,7 @@ from tpsample.kernels.tlutil import (
     key_to_float,
     mass,
     min_key_mass_below,
+    min_key_mass_few,
     order_key,
 )
 from tpsample.numerics import mass_shift
@@ -76,6 +78,9 @@ def probe(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, scale, one, st_m, st_
         thr = min_key_mass_below(keys, e, tl.zeros((), tl.int64), target, lo, hi)
     elif SEARCH == 2:
         thr = _radix8(keys, e, target, lo, hi)
+    elif SEARCH == 3:        # the list kernel's (its scratch: the row's hist words, read above)
+        thr = min_key_mass_few(keys, e, tl.zeros((), tl.int64), target, lo, hi, tl.sum(keep.to(tl.int32), axis=0),
+                               (hist_ptr + row.to(tl.int64) * HW).to(tl.pointer_type(tl.int64)), 32, True)
     else:
         thr = lo + 1
     kept = keep & (keys >= thr)
@@ -86,15 +91,17 @@ def probe(x_ptr, stride, t_ptr, p_ptr, key0_ptr, key1_ptr, scale, one, st_m, st_
     tl.store(out_ptr + row, tl.where(ok, i, -1))
 
 
-VARIANTS = {   # name: (SEARCH, DRAW, VALS, warps)
-    "all": (1, True, True, 8),
-    "no_search": (0, True, True, 8),
-    "no_draw": (1, False, True, 8),
-    "neither": (0, False, True, 8),
-    "gather": (1, True, False, 8),
-    "radix8": (2, True, True, 8),
-    "all_w4": (1, True, True, 4),
-    "all_w16": (1, True, True, 16),
+VARIANTS = {   # name: (SEARCH, DRAW, VALS, warps, registers a thread or None)
+    "all": (3, True, True, 8, 128),          # as the list kernel runs
+    "no_search": (0, True, True, 8, 128),
+    "no_draw": (3, False, True, 8, 128),
+    "neither": (0, False, True, 8, 128),
+    "full_bisection": (1, True, True, 8, 128),
+    "gather": (3, True, False, 8, 128),
+    "radix8": (2, True, True, 8, None),
+    "all_free_regs": (3, True, True, 8, None),
+    "all_w4": (3, True, True, 4, 128),
+    "all_w16": (3, True, True, 16, 64),
 }
 
 
@@ -130,7 +137,7 @@ def main():
         shift = mass_shift(vocab)
         res = {}
         tokens = torch.empty(rows, dtype=torch.int32, device="cuda")
-        for name, (search, draw, vals, warps) in VARIANTS.items():
+        for name, (search, draw, vals, warps, regs) in VARIANTS.items():
             times = []
             for _ in range(25):
                 ws.buffer.copy_(saved)
@@ -139,11 +146,11 @@ def main():
                 probe[(rows,)](x, x.stride(0), t, p, k0, k1, float(2.0 ** shift), 1 << shift, ws.m, ws.xf, ws.p_mass,
                                ws.cand_ids, ws.cand_n, ws.hist, tokens, NSPLIT=splits, LCAP=2 * cfg.cap,
                                LG=cfg.list_groups, HW=sample_launch.hist_width(cfg), SEARCH=search, DRAW=draw,
-                               VALS=vals, num_warps=warps)
+                               VALS=vals, num_warps=warps, **({"maxnreg": regs} if regs else {}))
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000)
-            same = bool(torch.equal(tokens.long(), want)) if (search == 1 and draw) else None
+            same = bool(torch.equal(tokens.long(), want)) if (search in (1, 3) and draw) else None
             res[name] = {"us": round(statistics.median(times[5:]), 1), "same_tokens": same}
         print(f"{rows} rows: " + "  ".join(f"{n}={v['us']}{'' if v['same_tokens'] in (None, True) else '(DIFF)'}"
                                            for n, v in res.items()))
