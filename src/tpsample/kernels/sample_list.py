@@ -166,6 +166,7 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
     and its top bin and top mass (`resolve_list`) for the bracket.
     The listed x are in the row's hist words (HW a row, the bins' later), so the row's logits
     are not read again; the row's counters are zeroed either way (the list is read first)."""
+    tl.static_assert(4 * FEW + 2 <= HW)    # the search's scratch (2 * FEW + 1 int64 words) in a row's words
     row = tl.program_id(0)
     if tl.load(st_stage + row) == LIST:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
