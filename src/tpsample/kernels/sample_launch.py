@@ -31,7 +31,7 @@ from .launcher import Launcher, stream_scratch
 from .sample_drain import drain_kernel
 from .sample_finish import finish_kernel
 from .sample_hist import hist_kernel
-from .sample_list import list_kernel
+from .sample_list import SCRATCH_WORDS, list_kernel
 from .sample_rounds import round_kernel
 from .sample_scan import scan_kernel
 from .sample_select import select_kernel
@@ -83,8 +83,9 @@ class Workspace:
 
 def hist_width(cfg: KernelConfig) -> int:
     """int32 words a row of the workspace's `hist`: the top-p list's x (2 * cap, until the list
-    kernel has read them), then the bracket's bins (hist_bins)."""
-    return max(cfg.hist_bins, 2 * cfg.cap)
+    kernel has read them; then the first SCRATCH_WORDS are its search's scratch), then the
+    bracket's bins (hist_bins). Even, so a row's words start 8-byte aligned."""
+    return max(cfg.hist_bins, 2 * cfg.cap, SCRATCH_WORDS)
 
 
 def list_warps(dev: torch.device, cfg: KernelConfig) -> int:

@@ -48,8 +48,11 @@ from .tlutil import (
     store_where,
 )
 
-# keys the search for v* settles at once, pairwise (`tlutil.min_key_mass_few`)
-FEW = tl.constexpr(32)
+# keys the search for v* settles at once, pairwise (`tlutil.min_key_mass_few`), and the int32
+# words of its scratch (2 * FEW + 1 int64 words) at the start of a row's hist words
+SEARCH_FEW = 32
+SCRATCH_WORDS = 4 * SEARCH_FEW + 2
+FEW = tl.constexpr(SEARCH_FEW)
 
 
 @triton.jit
@@ -166,7 +169,7 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
     and its top bin and top mass (`resolve_list`) for the bracket.
     The listed x are in the row's hist words (HW a row, the bins' later), so the row's logits
     are not read again; the row's counters are zeroed either way (the list is read first)."""
-    tl.static_assert(4 * FEW + 2 <= HW)    # the search's scratch (2 * FEW + 1 int64 words) in a row's words
+    tl.static_assert(4 * FEW + 2 <= HW)    # the search's scratch fits a row's words (`sample_launch.hist_width`)
     row = tl.program_id(0)
     if tl.load(st_stage + row) == LIST:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
