@@ -39,11 +39,9 @@ VARIANTS = {
     "lw4": (KernelConfig(list_warps=4), P),
     "lw8": (KernelConfig(list_warps=8), P),
     "lw16": (KernelConfig(list_warps=16), P),
-    # the list kernel's registers a thread (maxnreg; the default 128), so more programs share a SM
+    # the list kernel's registers a thread (maxnreg; the default 128, which lw4 / lw8 keep)
     "lr_none": (KernelConfig(list_regs=None), P),
     "lr96": (KernelConfig(list_regs=96), P),
-    "lw4_lr128": (KernelConfig(list_warps=4), P),
-    "lw8_lr128": (KernelConfig(list_warps=8), P),
     "lw16_lr64": (KernelConfig(list_warps=16, list_regs=64), P),
     # the hist pass's registers a thread (maxnreg), so more of its programs share a SM
     "hr64": (KernelConfig(hist_regs=64), P),

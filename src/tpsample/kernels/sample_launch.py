@@ -88,6 +88,12 @@ def hist_width(cfg: KernelConfig) -> int:
     return max(cfg.hist_bins, 2 * cfg.cap, SCRATCH_WORDS)
 
 
+def reg_cap(cuda: bool, regs: int | None) -> dict:
+    """The launch option that caps a kernel's registers a thread (Triton's `maxnreg`) on CUDA;
+    none elsewhere, or when `regs` is None."""
+    return {"maxnreg": regs} if cuda and regs else {}
+
+
 def list_warps(dev: torch.device, cfg: KernelConfig) -> int:
     """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 on CUDA,
     with `list_regs` (128) registers a thread so that two programs share a SM (the call waits on
@@ -237,14 +243,14 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                               CAP=cfg.cap, LEAN=cfg.lean, HW=hist_width(cfg), num_warps=hw)
             pack = cuda and cfg.list_pack and hb % (128 * hw) == 0     # 4 entries a thread, whole
             HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape,
-                    **({"maxnreg": cfg.hist_regs} if cuda and cfg.hist_regs else {}))
+                    **reg_cap(cuda, cfg.hist_regs))
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
                     NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=cuda,
-                    num_warps=list_warps(dev, cfg), **({"maxnreg": cfg.list_regs} if cuda and cfg.list_regs else {}))
+                    num_warps=list_warps(dev, cfg), **reg_cap(cuda, cfg.list_regs))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
-                    **({"maxnreg": BINS_MAXNREG} if cuda else {}))
+                    **reg_cap(cuda, BINS_MAXNREG))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
