@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from tpsample import capture
+from tpsample import replay as capture
 
 
 class FakeGraph:

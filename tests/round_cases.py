@@ -89,14 +89,15 @@ def forced_exact(group):
     """The exact top-p path forced for every band row, through real collectives."""
     from tpsample.parallel.collectives import Collectives
     from tpsample.parallel.group import TPGroup
-    from tpsample.parallel.vocab.split_rows import sample_split
-    from tpsample.parallel.vocab_parallel import ShardReducer
-    from tpsample.sampling.rows_in import SampleArgs
+    from tpsample.parallel.strategies import ShardReducer
+    from tpsample.sampling.recipe import SampleArgs, sample_rows
+    from tpsample.sampling.rounds.rounds import ROUNDS_EXACT
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
+    from tpsample.sampling.processors import PROCESSORS
     g = TPGroup.resolve(group)
     start, end = tpsample.vocab_shard(V, g.size, g.rank)
-    store = RequestStore(V, ROWS, None)
+    store = RequestStore(V, ROWS, None, PROCESSORS)
     for i in range(ROWS):
         p = WORKLOADS["top_p+logprobs"](i)
         store.add(str(i), p, [1, 2], p.seed)
@@ -105,7 +106,7 @@ def forced_exact(group):
                         torch.device("cpu"))
     x = step_logits(5, 0, ROWS, V)[:, start:end].contiguous()
     comm = Collectives(g)
-    res = sample_split(SampleArgs(x, start, b, ShardReducer(comm)), force_exact=True)
+    res = sample_rows(SampleArgs(x, start, b, ShardReducer(comm)), backend=ROUNDS_EXACT)
     return {"tokens": res.emitted.tolist(), "lp": res.lp_ids.tolist(), "ranks": res.lp_ranks.tolist(),
             "exact_rows": res.exact_rows, "collectives": comm.stats.num_collectives}
 

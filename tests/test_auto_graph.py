@@ -1,7 +1,7 @@
 """`Sampler(auto_graph=True)`: eager calls that repeat one plan over one logits buffer are
 replayed from a captured graph with the eager tokens, and anything else is sampled eagerly.
 
-CUDA graphs are stood in for on CPU (tests/fake_graphs.py); `autograph.wanted` is widened to CPU
+CUDA graphs are stood in for on CPU (tests/fake_graphs.py); `replay.AutoGraph.cuda_only` is lifted for CPU
 logits for the test. The GPU test in test_sampler_cuda.py replays real graphs."""
 import pytest
 import torch
@@ -9,7 +9,7 @@ import torch
 import fake_graphs
 import tpsample
 from tpsample import SamplingParams as P
-from tpsample import autograph
+from tpsample import replay as autograph
 
 V = 300
 PARAMS = {"g": P(temperature=0, logprobs=2), "p": P(seed=1, top_p=0.9), "k": P(seed=2, top_k=5, top_p=0.8),
@@ -19,7 +19,7 @@ PARAMS = {"g": P(temperature=0, logprobs=2), "p": P(seed=1, top_p=0.9), "k": P(s
 @pytest.fixture
 def cpu_graphs(monkeypatch):
     fake_graphs.install(monkeypatch)
-    monkeypatch.setattr(autograph, "wanted", lambda s, logits, probs: s.auto_graph is not None and probs is None)
+    monkeypatch.setattr(autograph.AutoGraph, "cuda_only", False)
 
 
 def sampler(auto: bool):
@@ -79,17 +79,25 @@ def test_a_plan_capture_refuses_is_sampled_eagerly(cpu_graphs):
     assert auto.auto_graph.captures == 0 and auto.auto_graph.refused
 
 
-def test_replay_is_only_wanted_where_it_gives_the_eager_results():
+def test_replay_is_only_wanted_where_it_gives_the_eager_results(cpu_graphs, monkeypatch):
     """Never with draft probabilities, in-place logits, memory profiling, CPU logits or
     auto_graph=False (and never at TP > 1: ranks could decide differently and hang)."""
-    x = torch.zeros(2, V)
     on, off = tpsample.Sampler(V, auto_graph=True), tpsample.Sampler(V, auto_graph=False)
     inplace, profiled = tpsample.Sampler(V, inplace_logits=True), tpsample.Sampler(V, profile_memory=True)
-    cuda_like = type("Logits", (), {"is_cuda": True})()
-    assert autograph.wanted(on, cuda_like, None)
-    assert not autograph.wanted(on, x, None)                      # CPU logits
-    assert not autograph.wanted(on, cuda_like, torch.zeros(2, V))  # draft probabilities
     for s in (off, inplace, profiled):
-        assert not autograph.wanted(s, cuda_like, None)
-    on.group = type("TP2", (), {"size": 2})()                     # tp_size reads the group's size
-    assert not autograph.wanted(on, cuda_like, None)
+        assert s.auto_graph is None
+    asked = []
+    monkeypatch.setattr(autograph.AutoGraph, "sample", lambda self, s, plan, logits: asked.append(plan))
+    on.add_request("a", P(seed=1), [1])
+    plan = on.plan(["a"])
+    on.sample(torch.zeros(1, V), plan, draft_probs=torch.full((1, V), 1.0 / V))   # draft probabilities
+    assert asked == []
+    on.sample(torch.zeros(1, V), plan)
+    assert asked == [plan]
+    monkeypatch.setattr(autograph.AutoGraph, "cuda_only", True)
+    on.sample(torch.zeros(1, V), plan)                                           # CPU logits
+    assert asked == [plan]
+    group = type("TP2", (), {"size": 2, "rank": 0})()
+    monkeypatch.setattr(tpsample.sampler.TPGroup, "resolve", staticmethod(lambda g, t: group))
+    monkeypatch.setattr(tpsample.sampler.Collectives, "broadcast_int", lambda self, v: v)
+    assert tpsample.Sampler(V, auto_graph=True, check_plans=False).auto_graph is None

@@ -26,14 +26,15 @@ def test_every_kernel_path_asks_the_one_gate(monkeypatch):
     from tpsample.engine import runner
     from tpsample.kernels import config
     from tpsample.model import layers
-    from tpsample.sampling import draw, fastpath, keys
+    from tpsample.sampling import draw, keys
+    from tpsample.sampling import kernel_backend as fastpath
     asked = []
     monkeypatch.setattr(config, "kernels_wanted", lambda d, **kw: asked.append(d) or False)
     for module in (fastpath, draw, keys, layers, runner):
         monkeypatch.setattr(module, "kernels_wanted", config.kernels_wanted)
     x = torch.zeros(2, 4)
     keys._OK.clear()
-    assert not fastpath._wanted(x)
+    assert not fastpath.kernels_apply(x)
     assert draw._shard_gumbel_kernel(x) is None
     assert not keys._kernel_ok_now(x)
     assert not layers.use_kernels(x)

@@ -10,8 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tpsample.sampling import processors as P  # noqa: E402
-from tpsample.state.rowbatch import PenaltyRows  # noqa: E402
+from tpsample.sampling.penalties import PenaltyRows, penalties_torch  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -67,14 +66,8 @@ def test_penalty_kernel_equals_torch_processors_bitwise(kernel, seed, shard):
 
 
 def _torch_penalties(l, pen, col_start):
-    """The torch processors, forced (the kernel would run on a kernel device)."""
-    import tpsample.sampling.keys as keys
-    saved = keys.penalty_kernel
-    keys.penalty_kernel = lambda device: None
-    try:
-        P.apply_penalties(l, pen, col_start)
-    finally:
-        keys.penalty_kernel = saved
+    """The torch op, forced (the kernel would run on a kernel device)."""
+    penalties_torch(l, pen, col_start)
 
 
 def test_penalty_kernel_with_no_prompt_table_and_long_outputs(kernel):

@@ -400,8 +400,8 @@ def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_paramete
     import numpy as np
 
     from tpsample.kernels.dispatch import hints_from_params
-    from tpsample.sampling.fastpath import hints_from_host
-    from tpsample.state.rowbatch import HostRows
+    from tpsample.sampling.kernel_backend import hints_from_host
+    from tpsample.state.rows import HostRows
     t, k, p, lmp = params(rows)
     n = len(rows)
     host = HostRows(t.numpy(), k.numpy().astype(np.int64), p.numpy(), np.array([r[3] for r in rows], np.float32),

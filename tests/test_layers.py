@@ -17,7 +17,7 @@ LAYERS = [
     {"state"},
     {"sampling"},
     {"parallel"},
-    {"sampler", "capture", "tape", "autograph", "step", "ops", "__init__"},
+    {"sampler", "replay", "ops", "__init__"},
     {"model", "testing"},
     {"engine"},
     {"llm"},

@@ -14,7 +14,7 @@ import torch
 
 import tpsample
 from tpsample import SamplingParams as P
-from tpsample.capture import ReplayGuard
+from tpsample.replay import ReplayGuard
 from tpsample.sampling.output import HostLayout, LogprobsOutput, ReplayResults, SamplerOutput
 
 V = 50

@@ -15,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpsample import SamplingParams, vocab_shard
-from tpsample.sampling.pipeline import sample_rows
-from tpsample.sampling.rows_in import SampleArgs
+from tpsample.sampling.recipe import SampleArgs
+from tpsample.sampling.recipe import sample_rows as _recipe
+from tpsample.sampling.torch_backend import TORCH
 from tpsample.sampling.reducer import LocalRows, best_of_parts
 from tpsample.state.rows import RowsView
 from tpsample.state.store import RequestStore
+from tpsample.sampling.processors import PROCESSORS
 
 
 class ThreadShards:
@@ -58,7 +60,7 @@ def run_split(x: torch.Tensor, batch, tp: int):
     def rank_main(r):
         try:
             s, e = vocab_shard(vocab, tp, r)
-            results[r] = sample_rows(SampleArgs(x[:, s:e].contiguous(), s, batch, ThreadShards(shared, r, tp)))
+            results[r] = _recipe(SampleArgs(x[:, s:e].contiguous(), s, batch, ThreadShards(shared, r, tp)), backend=TORCH)
         except BaseException as exc:   # surface errors from the thread
             errors.append(exc)
             shared["barrier"].abort()
@@ -96,14 +98,14 @@ def test_any_column_split_gives_the_full_row_tokens(vocab, tp, params, data_seed
         x[torch.rand(x.shape, generator=g) < 0.3] = float("-inf")
     # rows may verify a draft token (spec decode): accept test, residual draw
     draft = [int(d) % vocab if drafts else -1 for d in torch.randint(0, vocab, (len(params),), generator=g)]
-    store = RequestStore(vocab, len(params), None)
+    store = RequestStore(vocab, len(params), None, PROCESSORS)
     for i, p in enumerate(params):
         store.add(str(i), p, [1, 2], p.seed or 0)
     store.sync(torch.device("cpu"), 1)
     n = len(params)
     batch = store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.array(draft, np.int64)),
                             torch.device("cpu"))
-    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
+    full = _recipe(SampleArgs(x, 0, batch, LocalRows()), backend=TORCH)
     for part in run_split(x, batch, tp):
         assert torch.equal(part.emitted, full.emitted)
         assert torch.equal(part.accepted, full.accepted)
@@ -123,8 +125,8 @@ class CountingShards(ThreadShards):
 
 
 def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False):
-    """sample_split on every column part (threads as ranks); (results, collectives per rank)."""
-    from tpsample.parallel.vocab.split_rows import sample_split
+    """The vocab-parallel rounds on every column part (threads as ranks); (results, collectives per rank)."""
+    from tpsample.sampling.rounds.rounds import ROUNDS, ROUNDS_EXACT
     vocab = x.shape[1]
     shared = {"slots": [None] * tp, "barrier": threading.Barrier(tp, timeout=60)}
     results, errors = [None] * tp, []
@@ -132,8 +134,8 @@ def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False)
     def rank_main(r):
         try:
             s, e = vocab_shard(vocab, tp, r)
-            results[r] = sample_split(SampleArgs(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp)),
-                                      force_exact=force_exact)
+            results[r] = _recipe(SampleArgs(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp)),
+                                 backend=ROUNDS_EXACT if force_exact else ROUNDS)
         except BaseException as exc:   # surface errors from the thread
             errors.append(exc)
             shared["barrier"].abort()
@@ -148,7 +150,7 @@ def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False)
 
 
 def _batch(params, vocab, drafts=None):
-    store = RequestStore(vocab, len(params), None)
+    store = RequestStore(vocab, len(params), None, PROCESSORS)
     for i, p in enumerate(params):
         store.add(str(i), p, [1, 2], p.seed or 0)
     store.sync(torch.device("cpu"), 1)
@@ -184,7 +186,7 @@ def test_split_rounds_give_the_full_row_tokens(vocab, tp, params, data_seed, tie
     if nans:
         x[torch.rand(x.shape, generator=g) < 0.05] = float("nan")
     batch = _batch(params, vocab)
-    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
+    full = _recipe(SampleArgs(x, 0, batch, LocalRows()), backend=TORCH)
     parts, calls = run_split_rounds(x, batch, tp, force_exact)
     for part in parts:
         assert_same_rows(part, full)
@@ -202,7 +204,7 @@ def test_split_top_p_counts_ties_beyond_the_candidates():
     x[:, 1:100] = 0.0                                    # 99 ties at the 3rd value
     params = [SamplingParams(temperature=1.0, top_k=3, top_p=0.5, seed=i) for i in range(n)]
     batch = _batch(params, vocab)
-    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
+    full = _recipe(SampleArgs(x, 0, batch, LocalRows()), backend=TORCH)
     assert (full.emitted != 0).sum() > n // 2           # the ties are kept, and usually drawn
     for tp in (2, 3):
         parts, calls = run_split_rounds(x, batch, tp)
@@ -222,7 +224,7 @@ def test_split_top_p_undecided_crossing_takes_the_exact_path():
     x[:, 40] = 0.0495                   # the other part at TP = 2; one 1/256-nat sub-bin holds both
     params = [SamplingParams(temperature=1.0, top_p=0.5, seed=1000 + i) for i in range(n)]
     batch = _batch(params, vocab)
-    full = sample_rows(SampleArgs(x, 0, batch, LocalRows()))
+    full = _recipe(SampleArgs(x, 0, batch, LocalRows()), backend=TORCH)
     assert (full.emitted == 10).all()                    # only the upper token is kept
     parts, _ = run_split_rounds(x, batch, 2)
     for part in parts:

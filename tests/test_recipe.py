@@ -9,15 +9,16 @@ import torch
 from tpsample import SamplingParams
 from tpsample.parallel.plan import RowsView
 from tpsample.sampling.reducer import LocalRows
-from tpsample.sampling.rows_in import SampleArgs
+from tpsample.sampling.recipe import SampleArgs, sample_rows
 from tpsample.state.store import RequestStore
+from tpsample.sampling.processors import PROCESSORS
 
 V = 257
 STEPS = ("front", "draw", "guard", "logprobs")
 
 
 def _batch(params):
-    store = RequestStore(V, len(params), None)
+    store = RequestStore(V, len(params), None, PROCESSORS)
     for i, p in enumerate(params):
         store.add(str(i), p, [1, 2], p.seed or 0)
     store.sync(torch.device("cpu"), 1)
@@ -39,12 +40,13 @@ def _record(monkeypatch, cls):
 
 def _backends(monkeypatch):
     """(name, steps class, run(args) -> RowResult) of each backend."""
-    from tpsample.parallel.vocab.split_rows import ShardRounds, sample_split
-    from tpsample.sampling.fastpath import KernelSteps, try_fast_path
-    from tpsample.sampling.pipeline import TorchSteps, sample_rows
+    from tpsample.sampling.kernel_backend import KERNELS, KernelSteps
+    from tpsample.sampling.rounds.rounds import ROUNDS, ShardRounds
+    from tpsample.sampling.torch_backend import TORCH, TorchSteps
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
-    return [("torch", TorchSteps, sample_rows), ("kernels", KernelSteps, try_fast_path),
-            ("rounds", ShardRounds, sample_split)]
+    return [("torch", TorchSteps, lambda a: sample_rows(a, backend=TORCH)),
+            ("kernels", KernelSteps, lambda a: sample_rows(a, backend=KERNELS)),
+            ("rounds", ShardRounds, lambda a: sample_rows(a, backend=ROUNDS))]
 
 
 @pytest.mark.usefixtures("triton_interpreter")

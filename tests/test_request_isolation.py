@@ -29,7 +29,7 @@ def _state(s: tpsample.Sampler) -> dict:
         "high_water": hw, "freed": sorted(st.slots._freed), "generation": st.slots.generation[:hw].tolist(),
         "prints": st.slots.prints[:hw].tolist(), "requests": sorted(st.slots.requests), "serial": s._serial,
         "f32": st.f32.host[:, :hw].tolist(), "i64": st.i64.host[:, :hw].tolist(),
-        "bad_longest": st.bad_longest[:hw].tolist(), "history": (st.history.upper[:hw].tolist(),
+        "history": (st.history.upper[:hw].tolist(),
                                                                    list(st.history._reset)),
         "padded": {name: (t.lengths[:hw].tolist(), {k: v.tolist() for k, v in t._staged.items()})
                    for name, t in st.padded.items()},
@@ -44,7 +44,8 @@ def _inject_failure(monkeypatch, s: tpsample.Sampler, where: str) -> None:
     monkeypatch.setattr(target, {"history": "reset", "register": "register"}[where], boom)
 
 
-@pytest.mark.parametrize("params", [_tampered(min_tokens=2**63), _tampered(min_tokens=10**30),
+@pytest.mark.parametrize("params", [_tampered(min_tokens=2**63, stop_token_ids=(5,)),
+                                    _tampered(min_tokens=10**30, stop_token_ids=(5,)),
                                     _tampered(logprobs=2**64), _tampered(repetition_penalty=1.5,
                                                                          allowed_token_ids=(2**40,))])
 def test_failed_add_request_leaves_no_slot_behind(params):
@@ -80,7 +81,7 @@ def _tokens_after(failures: int, monkeypatch) -> tuple[list, list]:
     s.add_request("x", SP(), [1])
     for i in range(failures):
         with pytest.raises((OverflowError, ValueError)):
-            s.add_request(f"bad{i}", _tampered(min_tokens=2**64), [1])
+            s.add_request(f"bad{i}", _tampered(min_tokens=2**64, stop_token_ids=(5,)), [1])
         with monkeypatch.context() as mp:
             _inject_failure(mp, s, "history")
             with pytest.raises(RuntimeError):

@@ -197,7 +197,7 @@ def test_replay_stops_at_the_reserved_history():
 
 
 def test_auto_graph_replays_repeated_eager_calls_with_the_eager_tokens():
-    from tpsample import autograph
+    from tpsample import replay as autograph
     params = [P(temperature=0), P(temperature=0.8, top_k=50, top_p=0.9, seed=1), P(top_p=0.9, seed=2),
               P(min_p=0.1, seed=3, logprobs=2), P(seed=4, repetition_penalty=1.2, frequency_penalty=0.3)]
     auto, eager = (tpsample.Sampler(V, seed=7, device="cuda", auto_graph=a) for a in (True, False))
@@ -222,7 +222,7 @@ def test_auto_replay_follows_a_new_logits_buffer_every_call(penalties):
     """Eager calls whose logits come in a new allocation each step (a view of a wider one here)
     replay the step's launch list with integer pointers: the eager tokens and logprobs, bitwise.
     A step with penalties (a torch copy of the logits) is refused and stays eager."""
-    from tpsample import autograph
+    from tpsample import replay as autograph
     params = [P(temperature=0), P(temperature=0.8, top_k=50, top_p=0.9, seed=1), P(top_p=0.9, seed=2),
               P(min_p=0.1, seed=3, logprobs=2), P(seed=4, temperature=0.7)]
     if penalties:

@@ -1,4 +1,4 @@
-"""`tape.TapedStep`: a decode step recorded as its kernel launches and replayed over new logits
+"""`replay.TapedStep`: a decode step recorded as its kernel launches and replayed over new logits
 buffers gives the eager tokens and logprobs; a step with device work outside the kernels is
 refused (and still sampled once); the automatic replay follows a buffer that moves; a replay's
 host work is the launches and a bounded number of Python calls.
@@ -13,7 +13,7 @@ import torch
 
 import tpsample
 from tpsample import SamplingParams as P
-from tpsample import autograph
+from tpsample import replay as autograph
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
@@ -51,7 +51,7 @@ def same(a, b):
 
 
 def test_launch_list_replays_give_the_eager_tokens_over_new_buffers(kernels_on_cpu):
-    from tpsample.tape import TapedStep
+    from tpsample.replay import TapedStep
     taped, eager = sampler(), sampler()
     ids = list(PARAMS)
     xs = buffers(4, len(ids), 0)
@@ -68,7 +68,7 @@ def test_launch_list_replays_give_the_eager_tokens_over_new_buffers(kernels_on_c
 
 def test_a_step_with_device_work_outside_the_kernels_is_refused_and_sampled_once(kernels_on_cpu):
     """Penalties copy the logits with a torch operation, which a launch list cannot repeat."""
-    from tpsample.tape import TapedStep
+    from tpsample.replay import TapedStep
     params = {**PARAMS, "f": P(seed=3, frequency_penalty=0.5, repetition_penalty=1.2)}
     taped, eager = sampler(params), sampler(params)
     ids = list(params)
@@ -82,7 +82,7 @@ def test_a_step_with_device_work_outside_the_kernels_is_refused_and_sampled_once
 
 
 def test_the_automatic_replay_follows_a_moving_buffer(kernels_on_cpu, monkeypatch):
-    monkeypatch.setattr(autograph, "wanted", lambda s, logits, probs: s.auto_graph is not None and probs is None)
+    monkeypatch.setattr(autograph.AutoGraph, "cuda_only", False)
     auto, eager = sampler(auto=True), sampler()
     ids = list(PARAMS)
     steps = autograph.AFTER + 3
@@ -98,7 +98,7 @@ def test_a_replay_is_its_launches_and_a_bounded_number_of_python_calls(kernels_o
     batch (every filter, raw logprobs) is 13 launches and 107 Python calls in all (measured when
     this test was written; the eager step makes about 400), bounded at 120; 14 launches since
     top-p rows without top-k take the list kernel and the bins pass (one launch more)."""
-    from tpsample import tape
+    from tpsample import replay as tape
     from tpsample.kernels import relaunch
     s = sampler()
     ids = list(PARAMS)

@@ -76,19 +76,20 @@ def test_no_host_read_inside_a_step(ranks):
 
 
 def test_forced_exact_top_p_path_gives_the_full_row_tokens(ranks):
-    from tpsample.sampling.pipeline import sample_rows
+    from tpsample.sampling.recipe import SampleArgs, sample_rows
     from tpsample.sampling.reducer import LocalRows
-    from tpsample.sampling.rows_in import SampleArgs
+    from tpsample.sampling.torch_backend import TORCH
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
-    store = RequestStore(V, ROWS, None)
+    from tpsample.sampling.processors import PROCESSORS
+    store = RequestStore(V, ROWS, None, PROCESSORS)
     for i in range(ROWS):
         p = WORKLOADS["top_p+logprobs"](i)
         store.add(str(i), p, [1, 2], p.seed)
     store.sync(torch.device("cpu"), 1)
     b = store.row_batch(RowsView(np.arange(ROWS), np.zeros(ROWS, np.int64), np.full(ROWS, -1, np.int64)),
                         torch.device("cpu"))
-    full = sample_rows(SampleArgs(step_logits(5, 0, ROWS, V), 0, b, LocalRows()))
+    full = sample_rows(SampleArgs(step_logits(5, 0, ROWS, V), 0, b, LocalRows()), backend=TORCH)
     for res in ranks:
         got = res["forced"]
         assert got["exact_rows"] == ROWS

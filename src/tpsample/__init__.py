@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from .capture import CapturedStep
+from .replay import CapturedStep
 from .parallel.plan import SamplingPlan
 from .parallel.shard import vocab_shard
 from .params import SamplingParams

@@ -16,6 +16,16 @@ import math
 import torch
 
 NEG_INF = float("-inf")
+ROW_CHUNK_ELEMS = 1 << 17         # bound on [rows, cols] temporaries on CPU (~3 MiB at 22 B each)
+ROW_CHUNK_ELEMS_CUDA = 1 << 20    # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
+
+
+def row_chunks(num_rows: int, cols: int, device=None):
+    """Row ranges whose [rows, cols] temporaries stay under the device's chunk size."""
+    limit = ROW_CHUNK_ELEMS_CUDA if device is not None and torch.device(device).type == "cuda" else ROW_CHUNK_ELEMS
+    step = max(1, limit // max(cols, 1))
+    for s in range(0, num_rows, step):
+        yield s, min(num_rows, s + step)
 
 
 def mass_shift(vocab_size: int) -> int:

@@ -13,7 +13,8 @@ Contract:
   (the base seed is agreed once, at construction); bad input raises `ValueError` naming the
   field and the allowed range before any collective runs; a plan is checked against the sampler
   that made it and, at TP > 1, against the other ranks' plans; never returns an out-of-range id.
-- never imports `model` or `engine`. Strategy differences live in `parallel/`, not here.
+- never imports `model` or `engine`. Strategy differences live in `parallel.strategies` (a
+  before and an after around the recipe), backends in `sampling.recipe`, not here.
 """
 from __future__ import annotations
 
@@ -25,23 +26,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import autograph
-from .autograph import AutoGraph
 from .parallel import names
 from .parallel.agreement import disagreement
 from .parallel.collectives import Collectives
-from .parallel.common import StepContext
 from .parallel.group import DEFAULT_TIMEOUT_S, TPGroup
 from .parallel.measured import MeasuredAuto, features
 from .parallel.plan import SamplingPlan, build_plan
-from .parallel.registry import STRATEGIES
 from .parallel.shard import vocab_shard
+from .parallel.strategies import BY_NAME, Step
 from .params import SamplingParams
+from .replay import AutoGraph, CapturedStep
 from .sampling.keys import append_kernel
 from .sampling.output import SamplerOutput
-from .state.columns import NUM_LP
+from .sampling.processors import PROCESSORS
+from .sampling.recipe import sample_rows
 from .state.store import RequestStore, derive_seed
-from .step import run_step
 from .validation import (
     check_bitmask,
     check_device,
@@ -107,12 +106,14 @@ class Sampler:
         self.eos_token_id = eos_token_id
         self.inplace_logits = inplace_logits
         self.profile_memory = profile_memory
-        self.auto_graph = AutoGraph() if auto_graph else None
         self.device = device
         self.group = TPGroup.resolve(group, timeout_s)
+        # replays record a plain TP = 1 step (no draft probs: checked per call)
+        replayable = auto_graph and self.group.size == 1 and not inplace_logits and not profile_memory
+        self.auto_graph = AutoGraph() if replayable else None
         self.comm = Collectives(self.group)
         self.col_start, self.col_end = vocab_shard(vocab_size, self.group.size, self.group.rank)
-        self.store = RequestStore(vocab_size, max_num_reqs, eos_token_id)
+        self.store = RequestStore(vocab_size, max_num_reqs, eos_token_id, PROCESSORS)
         base = seed if seed is not None else random.SystemRandom().getrandbits(62)
         self.base_seed = self.comm.broadcast_int(base) if seed is None else seed
         self.uid = next(_UIDS)
@@ -181,23 +182,23 @@ class Sampler:
         drafts = check_drafts(draft_token_ids, len(req_ids), self.vocab_size, self.max_num_logits_per_req)
         num_rows = len(req_ids) + int((drafts >= 0).sum())
         bitmask = check_bitmask(grammar_bitmask, num_rows, self.vocab_size)
-        lp = self.store.i64.host[NUM_LP, slots] if len(slots) else np.zeros(0, np.int64)
+        lp = self.store.i64.host[self.store.layout.i64["num_logprobs"], slots] if len(slots) else np.zeros(0, np.int64)
         width = 1 + int(lp.max()) if len(lp) and lp.max() >= 0 else 0
         rows_per_req = 1 + (drafts >= 0).sum(axis=1) if drafts.shape[1] else np.ones(len(slots), np.int64)
         chosen = self._choose(strategy or self.strategy, slots, rows_per_req)
-        plan = build_plan(chosen, self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
+        plan = build_plan(BY_NAME[chosen], self.tp_size, req_ids, slots, self.store.slots.generation[slots].copy(), drafts,
                           width, bitmask, self.uid, self.vocab_size, param_prints=self.store.slots.prints[slots])
         self._last_plan, self._plan_auto_version = plan, self.auto.version
         return plan
 
     def _choose(self, strategy: str, slots: np.ndarray, rows_per_req: np.ndarray) -> str:
         if strategy != "auto":
-            if strategy not in STRATEGIES:
+            if strategy not in BY_NAME:
                 raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
             return strategy
         tp = self.tp_size
         per_owner = np.bincount(slots % tp, weights=rows_per_req, minlength=tp) if len(slots) else np.zeros(tp)
-        feats = features(self.store.f32.host[:, slots], self.store.i64.host[:, slots], bool((rows_per_req > 1).any()))
+        feats = features(self.store, slots, bool((rows_per_req > 1).any()))
         return self.auto.choose(feats, int(rows_per_req.sum()), int(per_owner.max()), self._device_type())
 
     def _device_type(self) -> str:
@@ -214,6 +215,50 @@ class Sampler:
         (float32 / bf16 / fp16). draft_probs: optional [rows, V_r] draft distributions (rows in
         logits_order) for probabilistic drafts. Side effect: each request's emitted tokens are
         appended to its history on the device. No host synchronisation (unless profile_memory)."""
+        # 1. checks: the plan is this sampler's and current; the logits and draft probs fit it
+        self._check_inputs(local_logits, plan, draft_probs)
+        # 2. replay: the same decode step again replays its recording (`replay.AutoGraph`)
+        replay = self.auto_graph
+        if replay is not None and draft_probs is None and (local_logits.is_cuda or not replay.cuda_only):
+            out = replay.sample(self, plan, local_logits)
+            if out is not None:      # no collective, no counted memory
+                self.last_stats = StepStats(plan.strategy, 0, 0, 0, 0, local_logits.numel() * local_logits.element_size())
+                return out
+        # 3. state: the device bound, every rank on this plan, the device tables current
+        self._prepare_state(local_logits.device, plan)
+        # 4-7. the strategy's before, the sampling recipe, the strategy's after, the history append
+        sent, received, calls = self.comm.stats.bytes_sent, self.comm.stats.bytes_received, self.comm.stats.num_collectives
+        step = self._step_inputs(draft_probs)
+        base = self._start_profile(local_logits.device)
+        block, logprobs, exact_rows = self._device_steps(local_logits, plan, step)
+        # 8. host bookkeeping, the step's stats and the output (its host copy is read on first use)
+        self.store.history.note_step(plan.slots, plan.rows_per_req)
+        stats = self.comm.stats
+        peak = self._end_profile(local_logits.device, base) if base is not None else step.meter.peak
+        self.last_stats = StepStats(plan.strategy, stats.bytes_sent - sent, stats.bytes_received - received,
+                                    stats.num_collectives - calls, int(peak),
+                                    local_logits.numel() * local_logits.element_size(),
+                                    stats.num_collectives - calls, exact_rows)
+        return SamplerOutput(block, plan.max_rows, logprobs)
+
+    def _device_steps(self, logits: torch.Tensor, plan: SamplingPlan, step: Step, append: bool = True) -> tuple:
+        """Steps 4-7 of `sample` on the device: what a recorded step replays (`replay`), so an
+        eager call and a replay cannot drift apart. Returns (block, logprobs, exact_rows)."""
+        strategy = plan.sharding
+        rows = strategy.before(logits, plan, step)          # 4. all-gather / all-to-all / the shard
+        res = sample_rows(rows)                              # 5. kernels, torch twin or vocab-parallel rounds
+        block, logprobs = strategy.after(res, plan, step)   # 6. per-request results, identical on every rank
+        if append:                                           # 7. the emitted tokens into the device history
+            m = plan.max_rows
+            self.store.append(plan.device_array("slots", plan.slots, logits.device), block[:, :m], block[:, m],
+                              self._append[1])
+        return block, logprobs, res.exact_rows
+
+    def _step_inputs(self, draft_probs: Optional[torch.Tensor] = None) -> Step:
+        return Step(self.store, self.vocab_size, self.col_start, self.col_end, self.comm, draft_probs,
+                    self.inplace_logits)
+
+    def _check_inputs(self, local_logits, plan, draft_probs) -> None:
         self._check_plan(plan)
         width = self.col_end - self.col_start
         check_logits(local_logits, plan.num_rows, width, "local_logits")
@@ -221,44 +266,31 @@ class Sampler:
             full = self.tp_size == 1
             draft_rows = np.flatnonzero(plan.rows_view(None).draft_tokens >= 0) if full else None
             check_draft_probs(draft_probs, plan.num_rows, width, draft_rows=draft_rows, full_rows=full)
-        if autograph.wanted(self, local_logits, draft_probs):
-            out = self.auto_graph.sample(self, plan, local_logits)
-            if out is not None:      # replayed: no collective, no counted memory
-                self.last_stats = StepStats(plan.strategy, 0, 0, 0, 0, local_logits.numel() * local_logits.element_size())
-                return out
-        dev = local_logits.device
+
+    def _prepare_state(self, dev: torch.device, plan: SamplingPlan) -> None:
+        """The device bound (and its append kernel), the ranks agreeing on the plan, `auto`
+        measured for a new feature class, the device tables current with room for the step."""
+        self._bind_device(dev)
+        if self._check is not None:
+            self._agree(plan)
+        if self.strategy == "auto" and self.tp_size > 1:    # first use of a feature class: measure it
+            self.auto.ensure(features(self.store, plan.slots, plan.has_drafts), dev)
+        store = self.store
+        need = int((store.history.upper[plan.slots] + plan.rows_per_req).max()) if plan.num_reqs else 0
+        store.sync(dev, need)
+
+    def _bind_device(self, dev: torch.device) -> None:
+        """The device the state lives on (the first logits' unless given) and its append kernel."""
         if self.device is None:
             self.device = dev
         if self._append is None or self._append[0] != dev:
             self._append = (dev, append_kernel(dev))
-        comm = Collectives(self.group)
-        if self._check is not None:
-            self._agree(plan)
-        if self.strategy == "auto" and self.tp_size > 1:    # first use of a feature class: measure it
-            self.auto.ensure(features(self.store.f32.host[:, plan.slots], self.store.i64.host[:, plan.slots],
-                                      plan.has_drafts), dev)
-        store = self.store
-        need = int((store.history.upper[plan.slots] + plan.rows_per_req).max()) if plan.num_reqs else 0
-        store.sync(dev, need)
-        ctx = StepContext(store, self.vocab_size, self.col_start, self.col_end, comm,
-                          draft_probs=draft_probs, inplace=self.inplace_logits)
-        base = self._start_profile(dev)
-        before = comm.stats.num_collectives
-        result = run_step(local_logits, plan, ctx, plan.device_array("slots", plan.slots, dev), self._append[1])
-        rounds = comm.stats.num_collectives - before
-        store.history.note_step(plan.slots, plan.rows_per_req)
-        peak = self._end_profile(dev, base) if base is not None else ctx.meter.peak
-        self.last_stats = StepStats(plan.strategy, comm.stats.bytes_sent, comm.stats.bytes_received,
-                                    comm.stats.num_collectives, int(peak),
-                                    local_logits.numel() * local_logits.element_size(), rounds, ctx.exact_rows)
-        return SamplerOutput(result.block, plan.max_rows, result.logprobs)
 
-    def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024):
+    def capture(self, plan: SamplingPlan, logits: torch.Tensor, *, reserve_tokens: int = 1024) -> CapturedStep:
         """Record a decode step of `sample` (no drafts, grammar mask or processed logprobs) for
         this plan and this logits buffer in a CUDA graph; `.replay()` then samples the buffer's
         current contents with the tokens and logprobs an eager `sample` gives (see
-        `tpsample.capture`). reserve_tokens: history room per request for later replays."""
-        from .capture import CapturedStep
+        `tpsample.replay`). reserve_tokens: history room per request for later replays."""
         return CapturedStep(self, plan, logits, reserve_tokens)
 
     def kernel_fallback_rows(self) -> int:

@@ -31,9 +31,9 @@ from ..parallel import names
 from ..parallel.collectives import Collectives
 from ..parallel.group import DEFAULT_TIMEOUT_S, TPGroup
 from ..parallel.shard import vocab_shard
-from ..sampling.fastpath import hints_from_host
+from ..sampling.kernel_backend import hints_from_host
 from ..sampling.output import LogprobsOutput
-from ..state.rowbatch import HostRows
+from ..state.rows import HostRows
 from ..validation import check_draft_probs, check_drafts
 from . import args as A
 from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
@@ -176,9 +176,9 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
         return Sampled(tokens, None if lp < 0 else LogprobsOutput(ids, vals, ranks), nans, fallback)
     table = _host_table(p, host, vocab, lp, processed)
     chosen = choose(strategy, g.size, rows, logits.device)
-    res = sample_tp(logits, table, chosen, Collectives(g), vocab, bitmask=bitmask, width=lp + 1 if lp >= 0 else 0)
-    block = res.block
-    return Sampled(block[:, 0].contiguous(), res.logprobs, block[:, 3].contiguous(), block[:, 4] > 0)
+    block, logprobs = sample_tp(logits, table, chosen, Collectives(g), vocab, bitmask=bitmask,
+                                width=lp + 1 if lp >= 0 else 0)
+    return Sampled(block[:, 0].contiguous(), logprobs, block[:, 3].contiguous(), block[:, 4] > 0)
 
 
 def _drafts(op: str, draft_token_ids, rows: int, vocab: int) -> np.ndarray:
@@ -224,9 +224,8 @@ def verify_drafts(logits: torch.Tensor, draft_token_ids, *, temperature, top_k=N
                           top_p=top_p, min_p=min_p, seeds=seeds, positions=positions)
     table = _host_table(p, host, vocab, -1, False)
     chosen = choose(strategy, g.size, drafts.shape[0], logits.device)
-    res = sample_tp(logits, table, chosen, Collectives(g), vocab, drafts=drafts, draft_probs=draft_probs)
-    m = res.block.shape[1] - 4
-    b = res.block
+    b, _ = sample_tp(logits, table, chosen, Collectives(g), vocab, drafts=drafts, draft_probs=draft_probs)
+    m = b.shape[1] - 4
     return Verified(b[:, :m].contiguous(), b[:, m].contiguous(), b[:, m + 1].contiguous(), b[:, m + 3].contiguous())
 
 

@@ -23,10 +23,12 @@ import torch
 
 from ..numerics import NEG_INF
 from ..sampling import processors as P
-from ..sampling.filters import row_chunks
+from ..sampling.logit_bias import LogitBias
+from ..sampling.penalties import Penalties, PenaltyRows
+from ..sampling.scatter import PaddedRows
+from ..numerics import row_chunks
 from ..sampling.logprobs import finite_logprobs, row_logprobs
 from ..sampling.reducer import LocalRows
-from ..state.rowbatch import PaddedRows, PenaltyRows
 from .args import normalise
 from .direct import sample_direct
 from .run import kernel_path, needs_host_values, sample_full
@@ -82,14 +84,14 @@ def penalties_impl(logits, output_ids, prompt_ids: Optional[torch.Tensor], repet
     prompt = None if prompt_ids is None else distinct_ascending(prompt_ids.to(dev))
     pen = PenaltyRows(idx, idx, output_ids.to(dev, torch.int64), prompt, 0 if prompt is None else prompt.shape[1],
                       table, (0, 1, 2))
-    P.apply_penalties(l, pen, col_start)
+    Penalties().apply(l, pen, col_start)
     return l
 
 
 def bias_impl(logits, token_ids, values, col_start: int) -> torch.Tensor:
     l = fp32_copy(logits)
     idx = torch.arange(l.shape[0], device=l.device)
-    P.apply_bias(l, PaddedRows(idx, token_ids.to(l.device, torch.int64), values.to(l.device, torch.float32)),
+    LogitBias().apply(l, PaddedRows(idx, token_ids.to(l.device, torch.int64), values.to(l.device, torch.float32)),
                  col_start)
     return l
 

@@ -22,7 +22,7 @@ import torch
 
 from ..parallel.collectives import Collectives
 from ..parallel.shard import vocab_shard
-from ..parallel.vocab_parallel import ShardReducer
+from ..parallel.strategies import ShardReducer
 from ..sampling.output import LogprobsOutput
 from . import args as A
 from . import library  # noqa: F401  (registers torch.ops.tpsample.*)

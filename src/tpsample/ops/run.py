@@ -1,12 +1,12 @@
 """How the ops sample: the Sampler's own code paths, over a `RowTable` instead of a RequestStore.
 
-- `sample_full(x, table, bitmask, width)`: full rows (TP = 1): `sampling.run.sample_batch` with
-  the identity reducer, exactly what every strategy runs at TP = 1: the fused kernels on a
+- `sample_full(x, table, bitmask, width)`: full rows (TP = 1): the sampling recipe
+  (`sampling.recipe.sample_rows`) with the identity reducer, exactly what every strategy runs at TP = 1: the fused kernels on a
   kernel device (CUDA, or CPU under the interpreter when asked), the torch pipeline elsewhere,
   the torch pipeline for processed-logprob rows either way.
 - `sample_tp(x, table, strategy, comm, ...)`: a plan built from the rows (row r is request r,
   slot r, so batch_sharded's owner is r % TP) and the Sampler's strategy objects
-  (`parallel.registry.STRATEGIES`): replicated all-gathers the shards, batch_sharded moves rows
+  (`parallel.strategies`: the before and after around the recipe): replicated all-gathers the shards, batch_sharded moves rows
   to their owners in one all-to-all, vocab_parallel runs the round pipeline on the shards.
   Every rank gets the same result, equal bitwise to TP = 1. Rows that verify drafts come from
   the plan (`drafts`), as in `Sampler.plan`.
@@ -23,14 +23,12 @@ import numpy as np
 import torch
 
 from ..parallel.collectives import Collectives
-from ..parallel.common import StepContext, StepResult, pad_logprobs
-from ..parallel.plan import build_plan
-from ..parallel.registry import STRATEGIES
-from ..parallel.shard import vocab_shard
 from ..kernels.config import kernels_wanted
+from ..parallel.plan import build_plan
+from ..parallel.shard import vocab_shard
+from ..parallel.strategies import BY_NAME, Step
+from ..sampling.recipe import SampleArgs, padded_logprobs, sample_rows
 from ..sampling.reducer import LocalRows
-from ..sampling.rows_in import SampleArgs
-from ..sampling.run import sample_batch
 from .table import RowTable, identity_view
 
 
@@ -48,7 +46,7 @@ def choose(strategy: str, tp: int, rows: int, device: torch.device) -> str:
 
 
 def kernel_path(x: torch.Tensor) -> bool:
-    """Full rows of x go through the fused kernels (the gate `sampling.run` applies)."""
+    """Full rows of x go through the fused kernels (the gate the recipe applies)."""
     return x.stride(1) == 1 and kernels_wanted(x.device)
 
 
@@ -63,9 +61,9 @@ def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor
     dev, n = x.device, table.size
     view = identity_view(n)
     b = table.row_batch(view, dev)
-    res = sample_batch(SampleArgs(x, 0, b, LocalRows(), bitmask), lambda rows: table.row_batch(view.subset(rows), dev))
+    res = sample_rows(SampleArgs(x, 0, b, LocalRows(), bitmask))
     if width:
-        ids, vals, ranks = pad_logprobs(res, n, width, dev)
+        ids, vals, ranks = padded_logprobs(res, n, width, dev)
     else:
         ids = torch.empty((n, 0), dtype=torch.int64, device=dev)
         vals = torch.empty((n, 0), dtype=torch.float32, device=dev)
@@ -76,17 +74,18 @@ def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor
 
 def sample_tp(x: torch.Tensor, table: RowTable, strategy: str, comm: Collectives, vocab_size: int, *,
               bitmask: Optional[torch.Tensor] = None, width: int = 0, drafts: Optional[np.ndarray] = None,
-              draft_probs: Optional[torch.Tensor] = None) -> StepResult:
-    """One step of `strategy` over this rank's shard x [rows, V_r] in batch order (rows: each
-    request's draft rows, then its bonus row, when drafts [reqs, D] are given)."""
+              draft_probs: Optional[torch.Tensor] = None) -> tuple:
+    """(block [reqs, max_rows + 4] int64, LogprobsOutput or None): one step of `strategy` over
+    this rank's shard x [rows, V_r] in batch order (rows: each request's draft rows, then its
+    bonus row, when drafts [reqs, D] are given)."""
     reqs = table.size
     drafts = np.zeros((reqs, 0), np.int64) if drafts is None else drafts
-    plan = build_plan(strategy, comm.size, range(reqs), np.arange(reqs, dtype=np.int64), np.zeros(reqs, np.int64),
+    plan = build_plan(BY_NAME[strategy], comm.size, range(reqs), np.arange(reqs, dtype=np.int64), np.zeros(reqs, np.int64),
                       drafts, width, bitmask, 0, vocab_size)
     start, end = vocab_shard(vocab_size, comm.size, comm.group.rank)
-    if strategy == "batch_sharded" and comm.size > 1:      # the strategy takes rows owner by owner
+    if plan.sharding.by_owner and comm.size > 1:      # the strategy takes rows owner by owner
         order = plan.logits_order.to(x.device)
         x = x.index_select(0, order)
         draft_probs = None if draft_probs is None else draft_probs.index_select(0, order)
-    ctx = StepContext(table, vocab_size, start, end, comm, draft_probs=draft_probs)
-    return STRATEGIES[strategy].sample(x, plan, ctx)
+    step = Step(table, vocab_size, start, end, comm, draft_probs=draft_probs)
+    return plan.sharding.after(sample_rows(plan.sharding.before(x, plan, step)), plan, step)

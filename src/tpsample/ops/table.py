@@ -3,11 +3,11 @@
 Contract:
 - `RowTable.build(...)` takes normalised per-row tensors (`args.normalise`) on the logits'
   device and writes them into `[params, n]` fp32 / int64 tables with the Sampler's column
-  layout (`state.columns`): seed, top-k, `prompt_len` = the position, no outputs, no
+  layout (`state.columns`, its core columns): seed, top-k, `prompt_len` = the position, no outputs, no
   processors. So `position = prompt_len + num_out + draft offset` is the caller's position (plus
   the draft offset of a verify row), and the noise is keyed exactly as the Sampler keys it.
 - `row_batch(view, device)` is `RequestStore.row_batch`'s signature: the strategies and the
-  sampling paths (`sampling.run.sample_batch`, the kernels' `prepare_rows`) run on it unchanged.
+  sampling recipe (`sampling.recipe.sample_rows`, the kernels' `prepare_rows`) run on it unchanged.
 - host: the rows' parameters as numpy (`HostRows`) when known. When they are not (device
   tensors on the kernel path, which needs only the kernels' hints), conservative stand-ins
   (every filter possibly on) and the caller's hints fill them; `ops.run` reads the device
@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from ..kernels.config import RowHints
-from ..state.columns import COLUMNS
-from ..state.rowbatch import HostRows, RowBatch, RowSource
+from ..state.columns import Layout
+from ..state.rows import HostRows, RowBatch, RowSource
 from ..state.rows import RowsView, upload
 
+LAYOUT = Layout.of(())     # the core columns: the ops' processors are ops of their own
 HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone")
 
 
@@ -62,12 +63,11 @@ class RowTable:
               vocab_size: int, host: Optional[dict], hints: int = -1) -> "RowTable":
         """Normalised [n] tensors; host: the same values as numpy (None: unknown, see module doc)."""
         n, dev = temperature.shape[0], temperature.device
-        one = torch.ones(n, dtype=torch.float32, device=dev)
-        zero = torch.zeros(n, dtype=torch.float32, device=dev)
-        f32 = torch.stack([temperature, top_p, min_p, one, zero, zero])          # T, top_p, min_p, rep, freq, pres
         lp = torch.full((n,), num_logprobs, dtype=torch.int64, device=dev)
         none = torch.zeros(n, dtype=torch.int64, device=dev)
-        i64 = torch.stack([seeds, top_k, positions, lp, none + int(processed), none, none])
+        f32 = _stack(LAYOUT.f32, {"temperature": temperature, "top_p": top_p, "min_p": min_p})
+        i64 = _stack(LAYOUT.i64, {"seed": seeds, "top_k": top_k, "prompt_len": positions, "num_logprobs": lp,
+                                  "processed": none + int(processed), "flags": none})
         known = host is not None
         if not known:       # stand-ins that only widen what the torch pipeline would look at
             host = {"temperature": np.ones(n, np.float32), "top_k": np.full(n, vocab_size, np.int64),
@@ -89,15 +89,20 @@ class RowTable:
         if self.hints is not None:      # the kernels decide from these, never from the stand-ins
             host.memo[("hints", self.vocab_size)] = self.hints
         wants = host.num_logprobs >= 0
-        source = RowSource(self.f32, self.i64, self.num_out, slots, offsets, COLUMNS)
+        source = RowSource(self.f32, self.i64, self.num_out, slots, offsets, LAYOUT)
         return RowBatch(num_rows=n, vocab_size=self.vocab_size, source=source, draft_tokens=drafts, host=host,
                         lp_raw_rows=_rows(wants & ~host.processed, device),
-                        lp_proc_rows=_rows(wants & host.processed, device))
+                        lp_proc_rows=_rows(wants & host.processed, device), origin=(self, view, device))
 
     def _is_identity(self, view: RowsView) -> bool:
         n = view.num_rows
         return (n == self.size and view.drafts_before is None and not (view.draft_tokens >= 0).any()
                 and not view.offsets.any() and np.array_equal(view.slots, np.arange(n)))
+
+
+def _stack(columns: dict, values: dict) -> torch.Tensor:
+    """[len(columns), n] the named rows in the layout's order (every column given)."""
+    return torch.stack([values[name] for name in sorted(columns, key=columns.get)])
 
 
 def _rows(mask: np.ndarray, device) -> Optional[torch.Tensor]:

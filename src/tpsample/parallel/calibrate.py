@@ -20,16 +20,17 @@ import torch
 
 from ..params import SamplingParams
 from ..sampling.reducer import LocalRows
-from ..sampling.rows_in import SampleArgs
-from ..sampling.run import sample_batch
+from ..sampling.recipe import SampleArgs, sample_rows
+from ..sampling.rounds.rounds import ROUNDS
 from ..state.rows import RowsView
+from ..sampling.processors import PROCESSORS
 from ..state.store import RequestStore
 from .auto import CommCosts, Features, StepCosts, as_array, from_array
 from .collectives import Collectives
-from .common import StepContext
+from .names import FIXED
 from .plan import build_plan
 from .shard import vocab_shard
-from .vocab.split_rows import sample_split
+from .strategies import BY_NAME, Step
 
 SMALL_VOCAB = 32768        # CPU intercepts: one row of up to this many columns (GPU: the real V)
 
@@ -100,7 +101,7 @@ def measure_class(f: Features, vocab: int, comm: Collectives, device) -> StepCos
 
 
 def _store(f: Features, vocab: int, n: int, device) -> RequestStore:
-    store = RequestStore(vocab, n, None)
+    store = RequestStore(vocab, n, None, PROCESSORS)
     for i in range(n):
         store.add(f"c{i}", class_params(f), [1, 2], 1000 + i)
     store.sync(device, 2)
@@ -109,19 +110,22 @@ def _store(f: Features, vocab: int, n: int, device) -> RequestStore:
 
 def _intercepts(f: Features, small: int, comm: Collectives, device) -> tuple[float, float, float]:
     """Each strategy's real step (collectives included) for one row of `small` columns."""
-    from .batch_sharded import BatchSharded
-    from .replicated import Replicated
-    from .vocab_parallel import VocabParallel
     tp, rank = comm.size, comm.group.rank
     store = _store(f, small, 1, device)
     start, end = vocab_shard(small, tp, rank)
     x = torch.randn((1, end - start), generator=torch.Generator().manual_seed(rank)).to(device) * 3
     calls = []
-    for strategy in (Replicated(), BatchSharded(), VocabParallel()):
-        plan = build_plan(strategy.name, tp, ["c0"], np.zeros(1, np.int64), np.zeros(1, np.int64),
+    for name in FIXED:
+        plan = build_plan(BY_NAME[name], tp, ["c0"], np.zeros(1, np.int64), np.zeros(1, np.int64),
                           np.zeros((1, 0), np.int64), f.logprobs, None, 0, small)
-        calls.append(lambda s=strategy, p=plan: s.sample(x, p, StepContext(store, small, start, end, comm)))
+        calls.append(lambda p=plan: _strategy_step(x, p, Step(store, small, start, end, comm)))
     return tuple(_timed_together(calls, device, 2, comm))
+
+
+def _strategy_step(x: torch.Tensor, plan, step: Step):
+    """A strategy's step without the history append: before, the recipe, after."""
+    strategy = plan.sharding
+    return strategy.after(sample_rows(strategy.before(x, plan, step)), plan, step)
 
 
 def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
@@ -142,10 +146,10 @@ def _slopes(f: Features, vocab: int, tp: int, device) -> tuple[float, float]:
         x = logits[:r, :c].contiguous()
         view = RowsView(np.arange(r), np.zeros(r, np.int64), np.full(r, -1, np.int64))
         b = store.row_batch(view, device)
-        if name == "split":
-            return lambda: sample_split(SampleArgs(x, 0, b, LocalRows()))
         args = SampleArgs(x, 0, b, LocalRows())
-        return lambda: sample_batch(args, lambda sub: store.row_batch(view.subset(sub), device))
+        if name == "split":
+            return lambda: sample_rows(args, backend=ROUNDS)
+        return lambda: sample_rows(args)
 
     calls = [run(name, r, c) for name in ("full", "split") for r, c in ((1, sizes[name][0]), (sizes[name][2], sizes[name][1]))]
     t = _timed_together(calls, device, 2)          # interleaved: both paths see the same machine

@@ -59,8 +59,9 @@ class MeasuredAuto:
         self.calibration_s += time.perf_counter() - t0
 
 
-def features(f32_host: np.ndarray, i64_host: np.ndarray, drafts: bool) -> auto.Features:
-    """The feature class of some requests from their per-slot host parameters ([cols, n])."""
-    from ..state.columns import MIN_P, NUM_LP, PROCESSED, TOP_K, TOP_P, T
-    return auto.Features.of(f32_host[T], i64_host[TOP_K], f32_host[TOP_P], f32_host[MIN_P],
-                            i64_host[NUM_LP], i64_host[PROCESSED], drafts)
+def features(store, slots: np.ndarray, drafts: bool) -> auto.Features:
+    """The feature class of some requests (slots) from their per-slot host parameters."""
+    f, i = store.layout.f32, store.layout.i64
+    f32, i64 = store.f32.host[:, slots], store.i64.host[:, slots]
+    return auto.Features.of(f32[f["temperature"]], i64[i["top_k"]], f32[f["top_p"]], f32[f["min_p"]],
+                            i64[i["num_logprobs"]], i64[i["processed"]], drafts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from ..state.rows import RowsView
 
 @dataclass(frozen=True, eq=False)
 class SamplingPlan:
-    strategy: str                      # resolved strategy for this step
+    strategy: str                      # resolved strategy for this step (its name)
     tp_size: int
     req_ids: tuple[str, ...]
     slots: np.ndarray                  # [num_reqs] int64
@@ -50,6 +50,7 @@ class SamplingPlan:
     sampler_uid: int = 0               # the sampler that built it
     vocab_size: int = 0
     param_prints: Optional[np.ndarray] = None      # [num_reqs] int64 each slot's print (state.digest)
+    sharding: Any = None               # the strategy object (`parallel.strategies`): its before and after
     _fingerprint: list = field(default_factory=list, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)      # views and device copies, reused
 
@@ -119,17 +120,19 @@ class SamplingPlan:
         return self._fingerprint[0]
 
 
-def build_plan(strategy: str, tp_size: int, req_ids, slots: np.ndarray, generations: np.ndarray,
+def build_plan(strategy, tp_size: int, req_ids, slots: np.ndarray, generations: np.ndarray,
                drafts: np.ndarray, logprobs_width: int, grammar_bitmask: Optional[torch.Tensor] = None,
                sampler_uid: int = 0, vocab_size: int = 0, param_prints: Optional[np.ndarray] = None) -> SamplingPlan:
+    """strategy: the strategy object (`parallel.strategies`); its `by_owner` says whether rows
+    travel owner by owner (batch_sharded's all-to-all)."""
     num_reqs = len(slots)
     rows_per_req = 1 + (drafts >= 0).sum(axis=1).astype(np.int64) if drafts.shape[1] else np.ones(num_reqs, np.int64)
     row_start = np.cumsum(rows_per_req) - rows_per_req
     num_rows = int(rows_per_req.sum())
-    sharded = strategy == "batch_sharded"
+    sharded = strategy.by_owner
     owners = (slots % tp_size) if sharded else np.zeros(num_reqs, np.int64)
     owned = tuple(np.flatnonzero(owners == r) for r in range(tp_size))
-    plan_args = dict(strategy=strategy, tp_size=tp_size, req_ids=tuple(req_ids), slots=slots,
+    plan_args = dict(strategy=strategy.name, sharding=strategy, tp_size=tp_size, req_ids=tuple(req_ids), slots=slots,
                      generations=generations, drafts=drafts, rows_per_req=rows_per_req, row_start=row_start,
                      num_rows=num_rows, max_rows=int(rows_per_req.max()) if num_reqs else 1,
                      logprobs_width=logprobs_width, owners=owners, owned_reqs=owned,

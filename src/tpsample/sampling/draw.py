@@ -13,7 +13,7 @@ import torch
 from ..kernels.config import kernels_wanted
 from ..noise import SALT_DRAW, gumbel_noise
 from ..numerics import NEG_INF, kept_mask
-from .filters import row_chunks
+from ..numerics import row_chunks
 from .keys import row_keys
 
 

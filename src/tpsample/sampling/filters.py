@@ -15,21 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import NEG_INF, fixed_point_masses, kept_mask
+from ..numerics import NEG_INF, fixed_point_masses, kept_mask, row_chunks
 
 NUM_CANDIDATES = 64
-ROW_CHUNK_ELEMS = 1 << 17     # bound on [rows, cols] temporaries (~3 MiB at 22 B each)
-
-
-ROW_CHUNK_ELEMS_CUDA = 1 << 20   # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
-
-
-def row_chunks(num_rows: int, cols: int, device=None):
-    """Row ranges whose [rows, cols] temporaries stay under the device's chunk size."""
-    limit = ROW_CHUNK_ELEMS_CUDA if device is not None and torch.device(device).type == "cuda" else ROW_CHUNK_ELEMS
-    step = max(1, limit // max(cols, 1))
-    for s in range(0, num_rows, step):
-        yield s, min(num_rows, s + step)
 
 
 @dataclass

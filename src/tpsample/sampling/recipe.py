@@ -1,4 +1,4 @@
-"""One sampling step over a block of rows, in the order of docs/semantics.md, written once.
+"""The sampling recipe over a block of rows, in the order of docs/semantics.md, written once.
 
     front     1-5   NaN count, grammar mask, allowed ids / logit bias / min_tokens, penalties,
                     bad words (the row's columns only: no communication)
@@ -8,27 +8,150 @@
                     finite was kept; rows that verify a draft token accept or replace it
     logprobs  11    the sampled token's logprob and rank and the top-n, when a row asks
 
-`sample_block(a, steps)` runs them; `steps` is the backend, which holds its own per-call state
-between the steps (`steps.front` returns it):
-- `pipeline.TORCH`: torch ops on full rows or on a vocab shard through the reducer; the
-  reference the kernels are tested against.
-- `fastpath.KERNELS`: the fused Triton kernels for full rows (steps 6-10 and 12 are one launch
-  sequence, so `draw` does them and `guard` packs the result).
-- `parallel.vocab.split_rows.ROUNDS`: vocab-parallel rounds on a shard, whose collectives are
-  packed (one gather settles the guard, the winners and the logprob statistics).
-Every backend gives the same tokens for the same rows; which one runs is `run.sample_batch`'s
-choice.
+`sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
+- `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
+  that verify drafts or want processed logprobs are sampled by the torch backend on a copy of
+  just those rows, and their results replace the kernels' for them;
+- `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
+  without drafts;
+- `torch_backend.TORCH`: torch ops on full rows or a shard (through the reducer): every other
+  case, and the reference the other two are tested against.
+Every backend gives the same tokens for the same rows. Backends only run their steps and
+return: none calls back into this module.
 """
 from __future__ import annotations
 
-from .result import RowResult
-from .rows_in import SampleArgs
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..numerics import NEG_INF
+from ..state.rows import RowBatch
+from .kernel_backend import KERNELS, kernels_apply
+from .reducer import LocalRows
+from .rounds.rounds import ROUNDS
+from .torch_backend import TORCH
 
 
-def sample_block(a: SampleArgs, steps) -> RowResult:
-    st = steps.front(a)                        # 1-5
-    steps.draw(st)                             # 6-10
-    out = steps.guard(st)                      # 12 (and draft verification)
+@dataclass(frozen=True)
+class SampleArgs:
+    """The rows one backend samples. x: [rows, cols] logits (any float dtype) holding global
+    columns [col_start, col_start + cols); batch: the rows' parameters and state; red: the
+    reducer (`LocalRows` for full rows, a shard reducer under vocab parallelism); bitmask:
+    optional int32 [rows, words] grammar mask; draft_probs: optional [rows, cols] draft
+    distributions; meter: optional memory meter; inplace: x may serve as the working buffer (an
+    fp32 x then ends up holding the processed rows)."""
+    x: torch.Tensor
+    col_start: int
+    batch: RowBatch
+    red: Any
+    bitmask: Optional[torch.Tensor] = None
+    draft_probs: Optional[torch.Tensor] = None
+    meter: Any = None
+    inplace: bool = False
+
+    def rows(self, idx: torch.Tensor, batch: RowBatch) -> "SampleArgs":
+        """The rows `idx` (device indices) with their own batch, as copies (so in place)."""
+        pick = lambda t: None if t is None else t.to(self.x.device).index_select(0, idx)  # noqa: E731
+        return replace(self, x=self.x.index_select(0, idx), batch=batch, bitmask=pick(self.bitmask),
+                       draft_probs=pick(self.draft_probs), inplace=True)
+
+
+@dataclass
+class RowResult:
+    """What sampling a block of rows produces, per row (before per-request assembly)."""
+    emitted: torch.Tensor              # [rows] int64
+    accepted: torch.Tensor             # [rows] bool or 0/1 int64 (0 for rows without a draft)
+    fallback: torch.Tensor             # [rows] bool: no finite kept token, guard used
+    num_nans: torch.Tensor             # [rows] int64
+    lp_ids: Optional[torch.Tensor] = None    # [rows, 1 + n] int64
+    lp_vals: Optional[torch.Tensor] = None   # [rows, 1 + n] fp32
+    lp_ranks: Optional[torch.Tensor] = None  # [rows] int64
+    block: Optional[torch.Tensor] = None     # [rows, 5] packed by the kernels (one row per request, no
+                                             # drafts): emitted, num_nans and fallback are views into it
+    exact_rows: int = 0                      # rows that took vocab-parallel's exact top-p path
+
+
+def sample_rows(a: SampleArgs, *, backend=None) -> RowResult:
+    """Steps 1-12 for the rows of `a`, by the backend that fits them (module docstring).
+
+    backend: run this backend's steps instead of choosing (the kernels' split below, and tests
+    that hold the backends to each other)."""
+    if backend is None:
+        backend = _backend(a)
+        if backend is None:
+            return _kernels_then_torch(a)
+    st = backend.front(a)                                            # 1-5
+    backend.draw(st)                                                 # 6-10
+    emitted, accepted, fallback, num_nans, block = backend.guard(st)   # 12 (and draft verification)
+    out = RowResult(emitted, accepted, fallback, num_nans, block=block)
     if a.batch.logprobs_max >= 0:
-        steps.logprobs(st, out)                # 11
+        out.lp_ids, out.lp_vals, out.lp_ranks = backend.logprobs(st, out.emitted)   # 11
+    out.exact_rows = st.exact_rows
+    return out
+
+
+def _backend(a: SampleArgs):
+    """KERNELS, ROUNDS or TORCH for these rows; None: the kernels with some rows left to torch."""
+    full = isinstance(a.red, LocalRows)
+    if full and kernels_apply(a.x):
+        return None if len(_slow_rows(a.batch.host)) or a.draft_probs is not None else KERNELS
+    if not full and not (a.batch.drafts_any or a.draft_probs is not None):
+        return ROUNDS
+    return TORCH
+
+
+def _slow_rows(host) -> np.ndarray:
+    """Rows the kernels do not finish: draft verification, processed logprobs (once per rows)."""
+    got = host.memo.get("slow")
+    if got is None:
+        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed))
+    return got
+
+
+def _kernels_then_torch(a: SampleArgs) -> RowResult:
+    """Every row through the kernels, the slow rows also through the torch backend (first: the
+    kernels may reuse x in place), whose results replace the kernels' for those rows."""
+    part = idx = None
+    slow = _slow_rows(a.batch.host)
+    if len(slow):
+        idx = torch.from_numpy(slow).to(a.x.device, non_blocking=True)
+        part = sample_rows(a.rows(idx, a.batch.subset(slow)), backend=TORCH)
+    res = sample_rows(a, backend=KERNELS)     # every row, drawn plainly
+    if part is not None:
+        res.emitted[idx], res.accepted[idx] = part.emitted, part.accepted.to(res.accepted.dtype)
+        res.fallback[idx], res.num_nans[idx] = part.fallback.to(res.fallback.dtype), part.num_nans
+        if part.lp_ids is not None:
+            if res.lp_ids is None:       # else the kernels' raw logprobs of the other rows stay
+                res.lp_ids, res.lp_vals, res.lp_ranks = empty_logprobs(res.emitted.shape[0],
+                                                                       1 + a.batch.logprobs_max, a.x.device)
+            put_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), idx, (part.lp_ids, part.lp_vals, part.lp_ranks))
+    return res
+
+
+def empty_logprobs(rows: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [rows, width] -1, logprobs [rows, width] -inf, ranks [rows] 0): rows without logprobs."""
+    return (torch.full((rows, width), -1, dtype=torch.int64, device=device),
+            torch.full((rows, width), NEG_INF, device=device),
+            torch.zeros(rows, dtype=torch.int64, device=device))
+
+
+def put_logprobs(dst: tuple, rows: Optional[torch.Tensor], src: tuple) -> None:
+    """dst's rows `rows` (all when None) take src's logprobs, in src's first columns."""
+    width = src[0].shape[1]
+    if rows is None:
+        dst[0][:, :width], dst[1][:, :width], dst[2][:] = src
+    else:
+        dst[0][rows, :width], dst[1][rows, :width], dst[2][rows] = src
+
+
+def padded_logprobs(res: RowResult, rows: int, width: int, device) -> tuple:
+    """The result's logprobs padded to `width` columns (rows without logprobs: empty)."""
+    if res.lp_ids is not None and res.lp_ids.shape[1] == width:
+        return res.lp_ids, res.lp_vals, res.lp_ranks
+    out = empty_logprobs(rows, width, device)
+    if res.lp_ids is not None:
+        put_logprobs(out, None, (res.lp_ids, res.lp_vals, res.lp_ranks))
     return out

@@ -3,7 +3,7 @@
 The sampling pipeline never knows whether it holds a full row or a vocab shard. It reduces
 through one of these:
 - `LocalRows`: the row is whole on this rank; every reduction is the identity.
-- `tpsample.parallel.vocab_parallel.ShardReducer`: the row is split by vocabulary across the TP
+- `tpsample.parallel.strategies.ShardReducer`: the row is split by vocabulary across the TP
   group; reductions are collectives (max, exact integer sums, gathers of small per-part lists).
 Every reduction used is order-independent (max, integer sums, concatenation followed by a
 total-order sort), or, for float sums, only feeds logprob values (tolerance 1e-5), so every

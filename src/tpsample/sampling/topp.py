@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF, kept_mask, key_to_float, mass_shift, order_key
-from .filters import NUM_CANDIDATES, Candidates, masses, row_chunks
+from ..numerics import row_chunks
+from .filters import NUM_CANDIDATES, Candidates, masses
 
 
 def top_p_threshold(l: torch.Tensor, thr: torch.Tensor, top_p: torch.Tensor, red, vocab_size: int,

@@ -1,9 +1,12 @@
-"""Building a step's RowBatch from the per-slot tables: gathers over slot indices, no row loop.
+"""A step's rows: `RowsView` names them, `build_row_batch` gathers their state into a `RowBatch`.
 
-`RowsView` names the rows (host arrays from the plan). Everything the step needs from the host
-(slot and row indices) goes to the device in one pinned, non-blocking copy (`upload`); the rest
-is gathered on the device. Host decisions (which processors run, filter hints) use the tables'
-host mirrors, so nothing here reads the device.
+Gathers over slot indices, no Python loop over requests or rows. Row j of a request is the
+target row for position `prompt_len + num_out + j`; its history is the request's outputs
+followed by its drafts before j (if they are accepted, they are outputs). Everything the step
+needs from the host (slot and row indices) goes to the device in one pinned, non-blocking copy
+(`upload`, cached per plan); the rest is gathered on the device, on first use. Which rows use
+which processor comes from the `flags` column's host mirror, so nothing here reads the device
+to decide; each processor gathers its own rows (`RowContext` is what it may ask for).
 """
 from __future__ import annotations
 
@@ -13,27 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .columns import (
-    COLUMNS,
-    F_ALLOWED,
-    F_BAD,
-    F_BIAS,
-    F_FREQ,
-    F_REP,
-    F_STOPS,
-    FLAGS,
-    FREQ,
-    MIN_P,
-    MIN_TOKENS,
-    NUM_LP,
-    PRES,
-    PROCESSED,
-    REP,
-    TOP_K,
-    TOP_P,
-    T,
-)
-from .rowbatch import AllowedRows, HostRows, PaddedRows, PenaltyRows, RowBatch, RowSource
+from .columns import Layout
 
 
 @dataclass(frozen=True)
@@ -55,6 +38,128 @@ class RowsView:
         return RowsView(self.slots[rows], self.offsets[rows], self.draft_tokens[rows], before)
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """Per-row parameters on the host (numpy), for decisions that must not read the device."""
+    temperature: np.ndarray   # [n] float32
+    top_k: np.ndarray         # [n] int64 (0 = off)
+    top_p: np.ndarray         # [n] float32
+    min_p: np.ndarray         # [n] float32
+    num_logprobs: np.ndarray  # [n] int64 (-1 = none)
+    processed: np.ndarray     # [n] bool
+    has_draft: np.ndarray     # [n] bool
+    memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Where a batch's per-row parameters live: the per-slot tables ([params, slots] fp32 and
+    int64, rows named by `layout`), the history lengths [slots], and the rows' slots and draft
+    offsets [n] on the device. Gathers happen on first use."""
+    f32_table: torch.Tensor
+    i64_table: torch.Tensor
+    num_out: torch.Tensor
+    slots: torch.Tensor
+    offsets: torch.Tensor
+    layout: Layout
+
+
+class RowBatch:
+    """Per-row parameters (device tensors, gathered from the tables on first use), host flags,
+    and per processor the rows that use it (`processors`: name -> what its `rows` gathered)."""
+
+    def __init__(self, *, num_rows: int, vocab_size: int, source: RowSource, draft_tokens: torch.Tensor,
+                 host: HostRows, processors: Optional[dict] = None, lp_raw_rows: Optional[torch.Tensor] = None,
+                 lp_proc_rows: Optional[torch.Tensor] = None, origin: Optional[tuple] = None):
+        self.num_rows, self.vocab_size, self.source = num_rows, vocab_size, source
+        self.draft_tokens = draft_tokens            # [n] int64 (-1 = bonus / no draft)
+        self.host = host
+        self.processors = processors or {}          # only the processors some row uses
+        self.lp_raw_rows, self.lp_proc_rows = lp_raw_rows, lp_proc_rows   # [m] rows wanting raw / processed
+        self.origin = origin                        # (tables, RowsView, device) it was built from
+        self._cache: dict = {}
+
+    def subset(self, rows: np.ndarray) -> "RowBatch":
+        """The RowBatch of some of these rows (host indices), built from the same tables."""
+        tables, view, device = self.origin
+        return tables.row_batch(view.subset(rows), device)
+
+    def column(self, name: str) -> torch.Tensor:
+        """[n] the rows' values of a per-slot parameter (gathered once)."""
+        got = self._cache.get(name)
+        if got is None:
+            src = self.source
+            f32 = src.layout.f32.get(name)
+            row = src.f32_table[f32] if f32 is not None else src.i64_table[src.layout.i64[name]]
+            got = self._cache[name] = row.index_select(0, src.slots)
+        return got
+
+    @property
+    def seeds(self) -> torch.Tensor:          # [n] int64
+        return self.column("seed")
+
+    @property
+    def positions(self) -> torch.Tensor:      # [n] int64: prompt_len + outputs + draft offset
+        got = self._cache.get("positions")
+        if got is None:
+            src = self.source
+            got = self._cache["positions"] = (self.column("prompt_len") + src.num_out.index_select(0, src.slots)
+                                              + src.offsets)
+        return got
+
+    @property
+    def temperature(self) -> torch.Tensor:    # [n] fp32 (0 = greedy)
+        return self.column("temperature")
+
+    @property
+    def top_k(self) -> torch.Tensor:          # [n] int64 (0 = off; never above V)
+        return self.column("top_k")
+
+    @property
+    def top_p(self) -> torch.Tensor:          # [n] fp32 (1 = off)
+        return self.column("top_p")
+
+    @property
+    def min_p(self) -> torch.Tensor:          # [n] fp32 (0 = off)
+        return self.column("min_p")
+
+    @property
+    def num_logprobs(self) -> torch.Tensor:   # [n] int64 (-1 = none)
+        return self.column("num_logprobs")
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+    @property
+    def sample_any(self) -> bool:
+        return bool((self.host.temperature > 0).any())
+
+    @property
+    def top_k_max(self) -> int:
+        return int(self.host.top_k.max()) if self.num_rows else 0
+
+    @property
+    def top_p_any(self) -> bool:
+        return bool((self.host.top_p < 1).any())
+
+    @property
+    def min_p_any(self) -> bool:
+        return bool((self.host.min_p > 0).any())
+
+    @property
+    def logprobs_max(self) -> int:
+        return int(self.host.num_logprobs.max()) if self.num_rows else -1
+
+    @property
+    def drafts_any(self) -> bool:
+        return bool(self.host.has_draft.any())
+
+    @property
+    def uses_processors(self) -> bool:
+        return bool(self.processors)
+
+
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """int64 host arrays -> device tensors through one pinned, non-blocking copy."""
     flat = [np.ascontiguousarray(a, dtype=np.int64).reshape(-1) for a in arrays]
@@ -68,155 +173,110 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
     return out
 
 
-def _static_part(store, rows: RowsView, device: torch.device) -> dict:
+def _static_part(store, view: RowsView, device: torch.device) -> dict:
     """What depends only on the rows (fixed for a plan): host parameters, which rows use which
-    processor, and their indices on the device (one upload, cached on the view)."""
-    slots = rows.slots
+    processor, and their indices and slots on the device (one upload, cached on the view)."""
+    slots, layout = view.slots, store.layout
     hf, hi = store.f32.host[:, slots], store.i64.host[:, slots]
-    flags = hi[FLAGS]
-    want = {name: np.flatnonzero(flags & bit) for name, bit in
-            (("bias", F_BIAS), ("allowed", F_ALLOWED), ("bad", F_BAD), ("penalty", F_REP | F_FREQ))}
-    wants_lp = hi[NUM_LP] >= 0
-    want["lp_raw"] = np.flatnonzero(wants_lp & (hi[PROCESSED] == 0))
-    want["lp_proc"] = np.flatnonzero(wants_lp & (hi[PROCESSED] != 0))
-    names = list(want)
-    drafts = rows.drafts_before if rows.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
-    # each list's rows, and the slots of the lists whose tables are read by slot (the slots of a
-    # plan's rows do not change while it is current)
-    by_slot = ("bias", "allowed", "bad", "penalty")
-    dev = upload([slots, rows.offsets, rows.draft_tokens, drafts] + [want[k] for k in names]
-                 + [slots[want[k]] for k in by_slot], device)
-    host = HostRows(temperature=hf[T], top_k=hi[TOP_K], top_p=hf[TOP_P], min_p=hf[MIN_P], num_logprobs=hi[NUM_LP],
-                    processed=hi[PROCESSED].astype(bool), has_draft=rows.draft_tokens >= 0)
+    flags = hi[layout.i64["flags"]]
+    names = [p.name for p in store.processors]
+    want = {name: np.flatnonzero(flags & layout.bits[name]) for name in names}
+    wants_lp = hi[layout.i64["num_logprobs"]] >= 0
+    processed = hi[layout.i64["processed"]] != 0
+    lp = [np.flatnonzero(wants_lp & ~processed), np.flatnonzero(wants_lp & processed)]
+    drafts = view.drafts_before if view.drafts_before is not None else np.zeros((len(slots), 0), np.int64)
+    dev = upload([slots, view.offsets, view.draft_tokens, drafts, *lp] + [want[n] for n in names]
+                 + [slots[want[n]] for n in names], device)
+    host = HostRows(temperature=hf[layout.f32["temperature"]], top_k=hi[layout.i64["top_k"]],
+                    top_p=hf[layout.f32["top_p"]], min_p=hf[layout.f32["min_p"]],
+                    num_logprobs=hi[layout.i64["num_logprobs"]], processed=processed,
+                    has_draft=view.draft_tokens >= 0)
     k = len(names)
-    return {"host": host, "want": want, "idx": dict(zip(names, dev[4:4 + k])),
-            "idx_slots": dict(zip(by_slot, dev[4 + k:])), "slots": dev[0], "offsets": dev[1],
-            "draft": dev[2], "drafts": dev[3], "stops_any": bool((flags & F_STOPS).any()),
-            "prompt_width": store.padded["prompt_set"].max_length(slots[want["penalty"]])}
+    return {"host": host, "want": want, "idx": dict(zip(names, dev[6:6 + k])),
+            "idx_slots": dict(zip(names, dev[6 + k:])), "slots": dev[0], "offsets": dev[1], "draft": dev[2],
+            "drafts": dev[3], "lp": [d if len(h) else None for d, h in zip(dev[4:6], lp)], "values": {}}
 
 
-def build_row_batch(store, rows: RowsView, device: torch.device) -> RowBatch:
-    c = rows.cache.get(device)
+def build_row_batch(store, view: RowsView, device: torch.device) -> RowBatch:
+    """The RowBatch of `view`'s rows: the core parameters gathered on first use, and each
+    processor's rows gathered by the processor itself, for the processors some row uses."""
+    c = view.cache.get(device)
     if c is None:
-        c = rows.cache[device] = _static_part(store, rows, device)
-    want, idx = dict(c["want"]), dict(c["idx"])
-    want["stops"] = np.zeros(0, np.int64)
-    if c["stops_any"]:      # rows whose min_tokens may still be unmet: each step emits >= 1 token
-        hi = store.i64.host[:, rows.slots]
-        lower = store.history.steps[rows.slots] + rows.offsets
-        want["stops"] = np.flatnonzero((hi[FLAGS] & F_STOPS).astype(bool) & (hi[MIN_TOKENS] > lower))
-    idx["stops"] = upload([want["stops"]], device)[0] if len(want["stops"]) else None
+        c = view.cache[device] = _static_part(store, view, device)
     source = RowSource(store.f32.device_table, store.i64.device_table, store.history.num_out, c["slots"],
-                       c["offsets"], COLUMNS)
-    ctx = _Ctx(store, rows, source, c["drafts"], device, c)
-    return RowBatch(
-        num_rows=len(rows.slots), vocab_size=store.vocab_size, source=source, draft_tokens=c["draft"], host=c["host"],
-        bias=ctx.bias(want["bias"], idx["bias"]), allowed=ctx.allowed(want["allowed"], idx["allowed"]),
-        banned=ctx.banned(want["stops"], idx["stops"], want["bad"], idx["bad"]),
-        penalties=ctx.penalties(want["penalty"], idx["penalty"]),
-        lp_raw_rows=idx["lp_raw"] if len(want["lp_raw"]) else None,
-        lp_proc_rows=idx["lp_proc"] if len(want["lp_proc"]) else None,
-    )
+                       c["offsets"], store.layout)
+    ctx = RowContext(store, view, source, c["drafts"], device, c)
+    processors = {}
+    for proc in store.processors:
+        r_np = c["want"][proc.name]
+        got = proc.rows(ctx, r_np, c["idx"][proc.name]) if len(r_np) else None
+        if got is not None:
+            processors[proc.name] = got
+    return RowBatch(num_rows=len(view.slots), vocab_size=store.vocab_size, source=source, draft_tokens=c["draft"],
+                    host=c["host"], processors=processors, lp_raw_rows=c["lp"][0], lp_proc_rows=c["lp"][1],
+                    origin=(store, view, device))
 
 
-class _Ctx:
-    """The gathers behind each sparse field of a RowBatch (only for the rows that use it)."""
+class RowContext:
+    """What a processor's `rows` may ask of a step's rows: the store (`store.padded` tables,
+    `store.history`), the view, the device copies (`source`), and gathers cached per step."""
 
-    def __init__(self, store, rows: RowsView, source, drafts_d, device, static: dict):
-        self.store, self.rows, self.device, self.source = store, rows, device, source
-        self.slots_d, self.offsets_d, self.drafts_d = source.slots, source.offsets, drafts_d
-        self.static = static
+    def __init__(self, store, view: RowsView, source: RowSource, drafts_d, device, static: dict):
+        self.store, self.view, self.source, self.device = store, view, source, device
+        self.offsets, self.drafts_d = source.offsets, drafts_d
+        self._static = static
         self._num_out = None
 
     @property
     def num_out(self) -> torch.Tensor:
-        """[n] each row's request's emitted-token count (gathered once, when a list needs it)."""
+        """[n] each row's request's emitted-token count (gathered once, when a processor needs it)."""
         if self._num_out is None:
-            self._num_out = self.source.num_out.index_select(0, self.slots_d)
+            self._num_out = self.source.num_out.index_select(0, self.source.slots)
         return self._num_out
 
-    def _slots_of(self, kind: str, r_d: torch.Tensor) -> torch.Tensor:
-        """[m] the slots of batch rows r_d: uploaded once per plan for the lists fixed by the
-        rows' flags (bias, allowed, bad, penalty), gathered per step for the min_tokens stops."""
-        got = self.static["idx_slots"].get(kind)
-        return got if got is not None else self.slots_d.index_select(0, r_d)
+    def slots_of(self, name, r_d: torch.Tensor) -> torch.Tensor:
+        """[m] the slots of batch rows r_d: uploaded once per plan for a processor's flagged rows
+        (`name`), gathered on the device otherwise (name None: rows chosen this step)."""
+        got = self._static["idx_slots"].get(name) if name is not None else None
+        return got if got is not None else self.source.slots.index_select(0, r_d)
 
-    def _table(self, name: str, r_np: np.ndarray, slots: torch.Tensor) -> torch.Tensor:
-        """[m, longest] rows of a padded table for batch rows r (host indices r_np), slots [m]."""
+    def table(self, name: str, r_np: np.ndarray, slots: torch.Tensor) -> torch.Tensor:
+        """[m, longest] rows of the padded table `name` for batch rows r_np, slots [m]."""
         table = self.store.padded[name]
-        width = max(1, table.max_length(self.rows.slots[r_np]))
+        width = max(1, table.max_length(self.view.slots[r_np]))
         return table.table.index_select(0, slots)[:, :width]
 
-    def bias(self, r_np, r_d) -> Optional[PaddedRows]:
-        if not len(r_np):
-            return None
-        slots = self._slots_of("bias", r_d)
-        tok = self._table("bias_tokens", r_np, slots).to(torch.int64)
-        return PaddedRows(r_d, tok, self._table("bias_values", r_np, slots))
+    def host_column(self, name: str) -> np.ndarray:
+        """[n] a dense parameter's host values for the rows (the tables' host mirror)."""
+        layout, slots = self.store.layout, self.view.slots
+        if name in layout.f32:
+            return self.store.f32.host[layout.f32[name], slots]
+        return self.store.i64.host[layout.i64[name], slots]
 
-    def allowed(self, r_np, r_d) -> Optional[AllowedRows]:
-        if not len(r_np):
-            return None
-        table = self.store.padded["allowed"].table
-        return AllowedRows(r_d, table.index_select(0, self._slots_of("allowed", r_d)))
+    def steps(self) -> np.ndarray:
+        """[n] a lower bound of each row's outputs before it (each step emits >= 1 token)."""
+        return self.store.history.steps[self.view.slots] + self.view.offsets
 
-    def banned(self, stop_np, stop_d, bad_np, bad_d) -> Optional[tuple[PaddedRows, ...]]:
-        parts = []
-        if len(stop_np):
-            slots = self._slots_of("stops", stop_d)
-            tok = self._table("stops", stop_np, slots).to(torch.int64)
-            src = self.source
-            need = src.i64_table[src.columns["min_tokens"]].index_select(0, slots)
-            done = self.num_out.index_select(0, stop_d) + self.offsets_d.index_select(0, stop_d)
-            parts.append(PaddedRows(stop_d, tok.masked_fill_((done >= need).unsqueeze(1), -1)))
-        if len(bad_np):
-            parts.append(PaddedRows(bad_d, self._bad_word_finals(bad_np, bad_d)))
-        return tuple(parts) or None
+    def upload(self, r_np: np.ndarray) -> torch.Tensor:
+        return upload([r_np], torch.device(self.device))[0]
 
-    def _sequence(self, r_np, r_d) -> tuple[torch.Tensor, torch.Tensor]:
+    def static_value(self, key, make):
+        """A value computed once per plan (the rows do not change while it is current)."""
+        values = self._static["values"]
+        if key not in values:
+            values[key] = make()
+        return values[key]
+
+    def sequence(self, r_np: np.ndarray, r_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history + drafts before the row [m, W] int64 (-1 pad), its length [m]) for rows r."""
-        rows = self.rows
-        width = self.store.history.view_width(rows.slots[r_np])
-        d = 0 if rows.drafts_before is None else rows.drafts_before.shape[1]
-        seq = self.store.history.rows(self.slots_d.index_select(0, r_d), width + d)
+        view = self.view
+        history = self.store.history
+        width = history.view_width(view.slots[r_np])
+        d = 0 if view.drafts_before is None else view.drafts_before.shape[1]
+        seq = history.rows(self.source.slots.index_select(0, r_d), width + d)
         n = self.num_out.index_select(0, r_d)
         if d:
-            pos = (n.unsqueeze(1) + torch.arange(d, device=self.device)).clamp(max=width + d - 1)
+            pos = (n.unsqueeze(1) + torch.arange(d, device=seq.device)).clamp(max=width + d - 1)
             drafts = self.drafts_d.index_select(0, r_d)
             seq.scatter_(1, pos, torch.where(drafts >= 0, drafts, seq.gather(1, pos)))
-        return seq, n + self.offsets_d.index_select(0, r_d)
-
-    def _bad_word_finals(self, r_np, r_d) -> torch.Tensor:
-        """[m, words] final token of each bad word whose prefix ends the row's history, else -1."""
-        slots = self._slots_of("bad", r_d)
-        starts = self._table("bad_starts", r_np, slots).to(torch.int64)
-        lens = self._table("bad_lens", r_np, slots).to(torch.int64)
-        toks = self._table("bad_tokens", r_np, slots).to(torch.int64)
-        seq, length = self._sequence(r_np, r_d)
-        m, words = starts.shape
-        t = torch.arange(max(0, int(self.store.bad_longest[self.rows.slots[r_np]].max()) - 1), device=self.device)
-        pre = toks.gather(1, (starts.unsqueeze(2) + t).clamp(0, toks.shape[1] - 1).view(m, -1)).view(m, words, -1)
-        hpos = length.view(m, 1, 1) - (lens.unsqueeze(2) - 1) + t
-        hist = seq.gather(1, hpos.clamp(0, max(seq.shape[1] - 1, 0)).view(m, -1)).view(m, words, -1) \
-            if seq.shape[1] else torch.full_like(pre, -3)
-        need = t < (lens - 1).unsqueeze(2)
-        ok = ~need | ((hpos >= 0) & (hist == pre))
-        match = ok.all(dim=2) & (lens > 0)
-        last = toks.gather(1, (starts + lens - 1).clamp(0, toks.shape[1] - 1))
-        return torch.where(match, last, torch.full_like(last, -1))
-
-    def penalties(self, r_np, r_d) -> Optional[PenaltyRows]:
-        """Without drafts the rows' outputs are the slots' histories: the kernel reads their
-        ascending copy in place (seq is built only if the torch processors run)."""
-        if not len(r_np):
-            return None
-        table = self.store.padded["prompt_set"]
-        width = self.static["prompt_width"]
-        slots = self._slots_of("penalty", r_d)
-        if self.rows.drafts_before is None:
-            h = self.store.history
-            return PenaltyRows(r_d, slots, None, table.table, width, self.source.f32_table, (REP, FREQ, PRES),
-                               ordered=h.ordered, num_out=h.num_out,
-                               build_seq=lambda: self._sequence(r_np, r_d)[0])
-        return PenaltyRows(r_d, slots, self._sequence(r_np, r_d)[0], table.table, width, self.source.f32_table,
-                           (REP, FREQ, PRES))
+        return seq, n + self.offsets.index_select(0, r_d)

@@ -1,7 +1,8 @@
 """Per-slot tables: written when a request arrives, read by tensor ops over slot indices.
 
 - `DenseTable`: [width, slots] of one dtype (a parameter per row, so gathering slots gives each
-  parameter as a contiguous [n] tensor). The host mirror (numpy, in pinned memory when a
+  parameter as a contiguous [n] tensor); a slot no request ever took holds each parameter's
+  "off" value (`fill`). The host mirror (numpy, in pinned memory when a
   CUDA device is used) is the source of truth; `sync(device)` copies the whole table to the
   device in one non-blocking copy when a row changed since the last sync (a table is a few KiB).
   The host never writes the mirror while a copy from it may still be in flight (an event guards
@@ -29,9 +30,11 @@ def _grown(n: int, need: int) -> int:
 
 
 class DenseTable:
-    def __init__(self, width: int, dtype: np.dtype, fill):
-        self.width, self.dtype, self.fill = width, np.dtype(dtype), fill
-        self.host = np.full((width, 16), fill, dtype=self.dtype)
+    def __init__(self, fill: np.ndarray):
+        """fill: [width] each parameter's value in a slot no request took (its dtype is the table's)."""
+        self.fill = np.asarray(fill)
+        self.width, self.dtype = len(self.fill), self.fill.dtype
+        self.host = np.repeat(self.fill[:, None], 16, axis=1)
         self._pinned: Optional[torch.Tensor] = None     # the host mirror's pinned storage (CUDA)
         self.device_table: Optional[torch.Tensor] = None
         self._dirty = True
@@ -48,7 +51,7 @@ class DenseTable:
     def ensure_rows(self, rows: int) -> None:
         if rows > self.host.shape[1]:
             self._wait_copy()
-            grown = np.full((self.width, _grown(self.host.shape[1], rows)), self.fill, dtype=self.dtype)
+            grown = np.repeat(self.fill[:, None], _grown(self.host.shape[1], rows), axis=1)
             grown[:, : self.host.shape[1]] = self.host
             self.host, self._pinned, self._dirty = grown, None, True
 

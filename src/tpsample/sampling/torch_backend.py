@@ -1,11 +1,10 @@
 """The torch backend of the sampling recipe (`recipe.py`): docs/semantics.md steps 1-12 in
-torch ops, on a block of rows.
+torch ops, on a block of rows: the reference the kernels and the rounds are tested against.
 
-`sample_rows(SampleArgs(x, col_start, batch, red, ...))` runs the recipe with these steps
-(`TORCH`). It takes logits rows `x` ([rows, cols], any float dtype) holding global columns
+`TORCH`'s steps take logits rows `x` ([rows, cols], any float dtype) holding global columns
 [col_start, col_start + cols) and a reducer (`LocalRows` for full rows, a shard reducer for
-vocab-parallel; see `rows_in.SampleArgs`). It returns a `RowResult` with, per row, the token the
-row emits if it is reached: the sampled token for ordinary and bonus rows; for a row that
+vocab-parallel; see `recipe.SampleArgs`). The guard gives, per row, the token the row emits if
+it is reached: the sampled token for ordinary and bonus rows; for a row that
 verifies a draft token, that token when accepted, else the sampled token (a draft
 distribution's rows: the residual draw; see rejection.py). The same steps serve every strategy,
 so equal logits and seeds give equal tokens everywhere.
@@ -22,30 +21,26 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF
-from ..state.rowbatch import RowBatch
+from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
-from .filters import ROW_CHUNK_ELEMS, min_p_threshold, row_chunks, top_k_threshold
+from ..numerics import ROW_CHUNK_ELEMS, row_chunks
+from .filters import min_p_threshold, top_k_threshold
 from .logprobs import row_logprobs
-from .recipe import sample_block
 from .reducer import combine_pairs
 from .rejection import verify_drafts
-from .result import RowResult
-from .rows_in import SampleArgs
 from .topp import top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
 
 
-def sample_rows(a: SampleArgs) -> RowResult:
-    return sample_block(a, TORCH)
-
-
 class _Step:
     """One call's working state between the steps (see recipe.py)."""
 
-    def __init__(self, a: SampleArgs, f: Front):
+    exact_rows = 0
+
+    def __init__(self, a, f: Front):
         self.a, self.f = a, f
         self.drawn = None                   # local (max, id) of l + noise over the kept entries
 
@@ -53,7 +48,7 @@ class _Step:
 class TorchSteps:
     """The recipe's steps in torch ops, on full rows (LocalRows) or a vocab shard (a reducer)."""
 
-    def front(self, a: SampleArgs) -> _Step:
+    def front(self, a) -> _Step:
         return _Step(a, front(a))                                         # 1-5
 
     def draw(self, st: _Step) -> None:
@@ -69,7 +64,7 @@ class TorchSteps:
         none = torch.full_like(thr, NEG_INF)
         st.drawn = local_gumbel_draw(l, none, b.seeds, b.positions, a.col_start)          # 10
 
-    def guard(self, st: _Step) -> RowResult:
+    def guard(self, st: _Step) -> tuple:
         a, f = st.a, st.f
         b, red, dev = a.batch, a.red, f.l.device
         # one gather settles the raw argmax (guard), the greedy and the drawn winners, and NaN counts
@@ -84,11 +79,11 @@ class TorchSteps:
             emitted = torch.where(has_draft, torch.where(accepted, b.draft_tokens.to(dev), residual), main)
             emitted = torch.where(fallback, main, emitted)
         note_memory(a.meter, f)
-        return RowResult(emitted, accepted, fallback, num_nans)
+        return emitted, accepted, fallback, num_nans, None
 
-    def logprobs(self, st: _Step, out: RowResult) -> None:
+    def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:
         a = st.a
-        _logprobs(out, st.f.l, st.f.raw, a.batch, a.col_start, a.red)     # 11
+        return _logprobs(emitted, st.f.l, st.f.raw, a.batch, a.col_start, a.red)     # 11
 
 
 TORCH = TorchSteps()
@@ -105,7 +100,7 @@ class Front:
     greedy: tuple                           # local (max, id) of the processed row
 
 
-def front(a: SampleArgs) -> Front:
+def front(a) -> Front:
     """Steps 1-5 on the columns held (no communication)."""
     x, col_start, b, bitmask, inplace = a.x, a.col_start, a.batch, a.bitmask, a.inplace
     copy = not (inplace and x.dtype == torch.float32)
@@ -115,7 +110,7 @@ def front(a: SampleArgs) -> Front:
         P.apply_bitmask(l, bitmask, col_start)
     guard_local = local_argmax(l, col_start)      # 12 falls back to the best grammar-allowed token
     raw = _raw_logprob_rows(l, b)
-    P.apply_token_processors(l, b, col_start)                             # 3-5
+    P.apply_processors(l, b, col_start)                             # 3-5
     greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
     return Front(l, copy, local_nans, guard_local, raw, greedy_local)
 
@@ -150,7 +145,7 @@ def _raw_logprob_rows(l: torch.Tensor, b: RowBatch):
     return b.lp_raw_rows, l.index_select(0, b.lp_raw_rows)
 
 
-def _logprobs(out: RowResult, l: torch.Tensor, raw, b: RowBatch, col_start: int, red) -> None:
+def _logprobs(emitted: torch.Tensor, l: torch.Tensor, raw, b: RowBatch, col_start: int, red) -> tuple:
     n = b.logprobs_max
     rows_total = b.num_rows
     ids = torch.full((rows_total, 1 + n), -1, dtype=torch.int64, device=l.device)
@@ -162,11 +157,11 @@ def _logprobs(out: RowResult, l: torch.Tensor, raw, b: RowBatch, col_start: int,
     if b.lp_proc_rows is not None:
         parts.append((b.lp_proc_rows, l.index_select(0, b.lp_proc_rows)))
     for rows, block in parts:
-        i, v, r = row_logprobs(block, out.emitted[rows], n, col_start, red)
+        i, v, r = row_logprobs(block, emitted[rows], n, col_start, red)
         ids[rows], vals[rows], ranks[rows] = i, v, r
     # rows asking fewer than n top entries: blank the extra columns
     per_row = b.num_logprobs.to(l.device).clamp(min=0)
     extra = torch.arange(1 + n, device=l.device).unsqueeze(0) > per_row.unsqueeze(1)
     ids.masked_fill_(extra, -1)
     vals.masked_fill_(extra, NEG_INF)
-    out.lp_ids, out.lp_vals, out.lp_ranks = ids, vals, ranks
+    return ids, vals, ranks

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask
-from ...sampling.logprobs import sort_value_desc_id_asc
-from ...sampling.topp import threshold_from_sorted
+from ..logprobs import sort_value_desc_id_asc
+from ..topp import threshold_from_sorted
 from . import topp_band
 
 JSTAR_LEN = 64

@@ -1,14 +1,13 @@
-"""The kernel backend of the sampling recipe (`recipe.py`): the fused Triton path for full rows
-on CUDA (the kernels in `tpsample.kernels`).
+"""The kernel backend of the sampling recipe (`recipe.py`): the fused Triton kernels
+(`tpsample.kernels`) over full rows on a kernel device (`kernels_apply`).
 
-`try_fast_path` returns a `RowResult` when the rows are whole on this rank (LocalRows), live on a
-CUDA device with Triton, and need neither draft verification nor processed logprobs (raw
-logprobs come from the kernels); otherwise None and the caller runs the torch pipeline (with
-`force`, every row is drawn and the caller replaces the slow rows' results). Steps 2-5 (sparse processors) run in torch on an fp32 copy
-when a row uses them; steps 6-10 and the guard run in the kernels, which read the logits once
-per pass, upcast per block, and allocate only O(rows x bins) workspace. Which code the kernels
-compile and run is decided from the batch's host-side parameters: no device read, no sync.
-The kernels implement the same thresholds and noise, so tokens equal the torch pipeline's.
+Steps 2-5 (sparse processors) run in torch on an fp32 copy when a row uses them; steps 6-10 and
+the guard run in the kernels, which read the logits once per pass, upcast per block, and
+allocate only O(rows x bins) workspace; raw logprobs come from one statistics pass. Rows that
+verify drafts or want processed logprobs are drawn plainly here (the recipe replaces their
+results). Which code the kernels compile and run is decided from the batch's host-side
+parameters: no device read, no sync. The kernels implement the same thresholds and noise, so
+tokens equal the torch backend's.
 """
 from __future__ import annotations
 
@@ -19,13 +18,8 @@ import torch
 
 from ..kernels.config import kernels_wanted, row_hints
 from ..noise import SALT_DRAW
-from ..state.columns import COLUMNS
-from ..state.rowbatch import HostRows, RowBatch
+from ..state.rows import HostRows, RowBatch
 from . import processors as P
-from .recipe import sample_block
-from .reducer import LocalRows
-from .result import RowResult
-from .rows_in import SampleArgs
 
 
 @functools.cache
@@ -37,9 +31,10 @@ def _kernels() -> SimpleNamespace:
     return SimpleNamespace(dispatch=dispatch, launcher=launcher, row_prep=row_prep, step_ops=step_ops)
 
 
-def _wanted(x: torch.Tensor) -> bool:
-    """The kernels' gate (`kernels.config.kernels_wanted`) for x's device."""
-    return kernels_wanted(x.device)
+def kernels_apply(x: torch.Tensor) -> bool:
+    """The kernels sample rows of x: a kernel device (`kernels.config.kernels_wanted`) and unit
+    column stride."""
+    return x.stride(1) == 1 and kernels_wanted(x.device)
 
 
 def hints_from_host(host: HostRows, vocab_size: int):
@@ -53,29 +48,27 @@ def hints_from_host(host: HostRows, vocab_size: int):
     return got
 
 
-_LP_COLUMNS = {"NUM_LP": COLUMNS["num_logprobs"], "PROCESSED": COLUMNS["processed"]}
-# the table columns `prepare_rows` reads, as its constexpr names
-_PREPARE_COLUMNS = {"T": COLUMNS["temperature"], "TOP_P": COLUMNS["top_p"], "MIN_P": COLUMNS["min_p"],
-                    "SEED": COLUMNS["seed"], "TOP_K": COLUMNS["top_k"], "PROMPT_LEN": COLUMNS["prompt_len"]}
+def _kernel_columns(layout) -> tuple[dict, dict]:
+    """The table rows the kernels read, as their constexpr names: `prepare_rows`'s and
+    `raw_logprobs`'s (computed once per layout)."""
+    got = _COLUMNS.get(id(layout))
+    if got is None:
+        f, i = layout.f32, layout.i64
+        got = _COLUMNS[id(layout)] = (layout, {"T": f["temperature"], "TOP_P": f["top_p"], "MIN_P": f["min_p"],
+                                               "SEED": i["seed"], "TOP_K": i["top_k"], "PROMPT_LEN": i["prompt_len"]},
+                                      {"NUM_LP": i["num_logprobs"], "PROCESSED": i["processed"]})
+    return got[1:]
 
 
-def try_fast_path(a: SampleArgs, force: bool = False):
-    """force: sample every row as a plain draw, even rows with drafts or processed logprobs (the
-    caller replaces those rows' results). Raw logprobs come from the kernels."""
-    x, b = a.x, a.batch
-    if not _wanted(x) or not isinstance(a.red, LocalRows) or (a.draft_probs is not None and not force):
-        return None
-    if not force and (b.lp_proc_rows is not None or b.drafts_any):
-        return None
-    if x.stride(1) != 1:
-        return None
-    return sample_block(a, KERNELS)
+_COLUMNS: dict = {}         # id(layout) -> (layout: kept, so its id stays its own, prepare's, raw logprobs')
 
 
 class _Step:
     """One call's working state between the steps (see recipe.py)."""
 
-    def __init__(self, a: SampleArgs):
+    exact_rows = 0                  # the kernels settle every row exactly in their own passes
+
+    def __init__(self, a):
         self.a = a
         self.l = a.x                # the rows the kernels read
         self.guard = None           # per-part best grammar-allowed (value, id), when prepared
@@ -87,7 +80,7 @@ class _Step:
 class KernelSteps:
     """The recipe's steps on the fused kernels, for full rows on a kernel device."""
 
-    def front(self, a: SampleArgs) -> _Step:                              # 1-5
+    def front(self, a) -> _Step:                              # 1-5
         st = _Step(a)
         x, b = a.x, a.batch
         if b.uses_processors or a.bitmask is not None:
@@ -97,7 +90,7 @@ class KernelSteps:
             st.nans, *st.guard = _kernels().row_prep.prep_rows_(l, a.col_start, a.bitmask)
             if b.lp_raw_rows is not None:
                 st.raw = l.clone() if b.uses_processors else l   # raw logprobs see the row before 3-5
-            P.apply_token_processors(l, b, a.col_start)
+            P.apply_processors(l, b, a.col_start)
             st.l = l
         return st
 
@@ -113,26 +106,27 @@ class KernelSteps:
             torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.bool, device=dev))))
         t, top_k, p, log_min_p, key0, key1 = k.step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out,
                                                                      src.slots, src.offsets, SALT_DRAW,
-                                                                     _PREPARE_COLUMNS, out=scratch[0])
+                                                                     _kernel_columns(src.layout)[0], out=scratch[0])
         st.drawn = k.dispatch.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
                                           vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
                                           nans_out="partials", out=scratch[1])
 
-    def guard(self, st: _Step) -> RowResult:                              # 12
+    def guard(self, st: _Step) -> tuple:                                  # 12
         tokens, valid, nan_parts = st.drawn
         # a winner at +inf is no finite kept token either: the block flags it (its token, the
         # lowest +inf id, is the guard's choice already when the kernel ran on the caller's logits)
         block = _kernels().step_ops.finalize_rows(tokens, valid, st.l, st.a.col_start,
                                                   nan_parts if st.nans is None else st.nans, st.guard)
-        # accepted: the block's num_rejected column, 0 (no row verifies a draft here; a forced
-        # call's caller writes the draft rows' own results over it)
-        return RowResult(block[:, 0], block[:, 2], block[:, 4], block[:, 3], block=block)
+        # accepted: the block's num_rejected column, 0 (no row verifies a draft here; the recipe
+        # writes draft rows' own results over it)
+        return block[:, 0], block[:, 2], block[:, 4], block[:, 3], block
 
-    def logprobs(self, st: _Step, out: RowResult) -> None:                # 11: raw rows here
+    def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:        # 11: raw rows here
         a, b = st.a, st.a.batch
-        if b.lp_raw_rows is not None:
-            l_raw = st.raw if st.raw is not None else a.x
-            out.lp_ids, out.lp_vals, out.lp_ranks = _raw_logprobs(l_raw, out.emitted, b, a.col_start)
+        if b.lp_raw_rows is None:       # processed rows only: the recipe fills them
+            return None, None, None
+        l_raw = st.raw if st.raw is not None else a.x
+        return _raw_logprobs(l_raw, emitted, b, a.col_start)
 
 
 KERNELS = KernelSteps()
@@ -148,4 +142,4 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     lse, top_v, top_i, above = k.dispatch.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
     src = b.source
     return k.step_ops.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
-                                   _LP_COLUMNS, 1 + n)
+                                   _kernel_columns(src.layout)[1], 1 + n)

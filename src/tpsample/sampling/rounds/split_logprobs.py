@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...numerics import NEG_INF
-from ...sampling.logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
+from ..logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
 from . import topp_band_lp
 from .packing import Packet
 

@@ -1,9 +1,9 @@
 """Rows split by vocabulary, sampled in rounds: the vocab-parallel backend of the sampling
 recipe (`sampling/recipe.py`).
 
-`sample_split(SampleArgs(x, col_start, b, red))` gives the same `RowResult` as
-`pipeline.sample_rows` on the full rows (the same thresholds, noise and tie rules), but talks in
-a fixed number of rounds, each one `red.gather` of a packed buffer:
+`ROUNDS`' steps give the same results as the torch backend on the full rows (the same
+thresholds, noise and tie rules), but talk in a fixed number of rounds, each one `red.gather`
+of a packed buffer:
 1. summary (only when some row uses top-k, min-p or top-p): per part its top values, tie counts
    and, for top-p rows without top-k, a mass histogram (summary.py, topp_band.py). Every rank
    then derives the same thresholds and draws its columns locally.
@@ -11,7 +11,7 @@ a fixed number of rounds, each one `red.gather` of a packed buffer:
    logprob-row values and the band rows' exact partials (topp_band.py).
 3. logprobs, when a row wants them (split_logprobs.py).
 Greedy and temperature-only batches need round 2 only. A band row that round 2 cannot decide
-(rare; `force_exact` forces it for every band row) takes the exact path: a radix search for v*
+(rare; `ROUNDS_EXACT` sends every band row there, for tests) takes the exact path: a radix search for v*
 (4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of the
 step, and happens only when the batch has band rows. No other round depends on the data.
 Rows verifying drafts and draft distributions are not handled here (the caller uses sample_rows).
@@ -22,27 +22,22 @@ import numpy as np
 import torch
 
 from ...numerics import NEG_INF, mass_shift
-from ...sampling import processors as P
-from ...sampling.draw import emitted_tokens, local_gumbel_draw
-from ...sampling.filters import row_chunks
-from ...sampling.pipeline import front, note_memory
-from ...sampling.recipe import sample_block
-from ...sampling.result import RowResult
-from ...sampling.rows_in import SampleArgs
-from ...sampling.topp import _radix_search
+from .. import processors as P
+from ..draw import emitted_tokens, local_gumbel_draw
+from ...numerics import row_chunks
+from ..topp import _radix_search
+from ..torch_backend import front, note_memory
 from . import summary, topp_band, topp_band_lp
 from .packing import Packet, best_part, take
 from .split_logprobs import LpRows, logprob_round
 
 
-def sample_split(a: SampleArgs, *, force_exact: bool = False) -> RowResult:
-    return sample_block(a, ROUNDS_EXACT if force_exact else ROUNDS)
-
-
 class _Step:
     """One call's working state between the steps (see sampling/recipe.py)."""
 
-    def __init__(self, a: SampleArgs, f):
+    exact_rows = 0                  # rows sent to the exact path (set by the guard)
+
+    def __init__(self, a, f):
         b, dev = a.batch, a.x.device
         self.a, self.f = a, f
         self.needs = summary.RowNeeds.of(b)
@@ -59,7 +54,7 @@ class ShardRounds:
     def __init__(self, force_exact: bool):
         self.force_exact = force_exact
 
-    def front(self, a: SampleArgs) -> _Step:
+    def front(self, a) -> _Step:
         return _Step(a, front(a))                                             # 1-5
 
     def draw(self, st: _Step) -> None:
@@ -84,27 +79,24 @@ class ShardRounds:
         else:
             st.drawn = f.greedy
 
-    def guard(self, st: _Step) -> RowResult:
+    def guard(self, st: _Step) -> tuple:
         a, f = st.a, st.f
         b, l, red, dev = a.batch, f.l, a.red, a.x.device
         st.w = w = _winners(red, l, [f.guard, f.greedy, st.drawn], f.nans, st.lp, b, st.band, st.th, a.col_start)
-        exact_rows = 0
         if st.band is not None:
-            exact_rows, st.band_lp = _settle_band(w, l, b, red, st.band, st.thr, st.th, st.lp, st.needs, a.col_start,
+            st.exact_rows, st.band_lp = _settle_band(w, l, b, red, st.band, st.thr, st.th, st.lp, st.needs, a.col_start,
                                                   self.force_exact)
         st.is_greedy = b.greedy.to(dev)
         emitted, fallback = emitted_tokens(st.is_greedy, w.guard, w.greedy, w.drawn)    # 12
         st.fallback = fallback
-        out = RowResult(emitted, torch.zeros_like(fallback), fallback, w.num_nans)
-        out.exact_rows = exact_rows
         note_memory(a.meter, f)
-        return out
+        return emitted, torch.zeros_like(fallback), fallback, w.num_nans, None
 
-    def logprobs(self, st: _Step, out: RowResult) -> None:                    # 11: round 3
+    def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:          # 11: round 3
         b, w = st.a.batch, st.w
         vx = torch.where(st.fallback, w.guard[2], torch.where(st.is_greedy, w.greedy[2], w.drawn[2]))
-        out.lp_ids, out.lp_vals, out.lp_ranks = logprob_round(st.lp, out.emitted, vx, b.num_logprobs, b.logprobs_max,
-                                                              st.a.red, st.band_lp, mass_shift(b.vocab_size))
+        return logprob_round(st.lp, emitted, vx, b.num_logprobs, b.logprobs_max, st.a.red, st.band_lp,
+                             mass_shift(b.vocab_size))
 
 
 ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift
-from ...sampling.filters import local_top_values, masses, row_chunks
-from ...sampling.topp import threshold_from_sorted
+from ...numerics import row_chunks
+from ..filters import local_top_values, masses
+from ..topp import threshold_from_sorted
 from . import topp_band
 
 
