@@ -27,7 +27,7 @@ from tpsample.noise import (
     uniform01,
     uniform_bits,
 )
-from tpsample.sampling import reference as ref
+import reference as ref
 
 ALPHA = 1e-3
 Z_CORR = 3.29           # two-sided normal quantile for alpha = 0.001

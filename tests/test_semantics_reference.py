@@ -17,7 +17,7 @@ from scenarios import grammar_rows
 
 import tpsample
 from tpsample import SamplingParams as SP
-from tpsample.sampling import reference as ref
+import reference as ref
 
 V = 397
 EOS = 3

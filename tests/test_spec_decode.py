@@ -25,7 +25,7 @@ from scenarios import grammar_rows
 
 import tpsample
 from tpsample import SamplingParams as SP
-from tpsample.sampling import reference as ref
+import reference as ref
 
 ALPHA = 1e-3
 INF = float("inf")
