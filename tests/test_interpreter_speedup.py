@@ -11,9 +11,8 @@ pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
 
 def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(monkeypatch):
     import tlutil_probes
-    from triton.runtime import interpreter as interp
-
     from interpreter import speed_up_device_calls
+    from triton.runtime import interpreter as interp
     assert speed_up_device_calls()
     calls = [0]
     real = interp._patch_lang

@@ -280,7 +280,7 @@ def test_a_body_shorter_than_its_content_length_is_a_408_after_the_body_timeout(
 
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(server):
-    s = raw(server, f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    s = raw(server, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     got, waited = read_until_closed(s, 6)
     assert got.startswith(b"HTTP/1.1 200") and waited < 4
 
