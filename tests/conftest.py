@@ -14,7 +14,7 @@ is first imported, for our kernels when their modules are first imported. So, wi
   at call time) and removes it when the module ends, so later tests, and the processes they
   spawn, never inherit it;
 - the interpreter's helper calls skip a re-patch of the language that the running launch
-  already made (`tpsample.testing.interpreter`; the same results in about 40 % less time).
+  already made (`tests/interpreter.py`; the same results in about 40 % less time).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
         except ImportError:
             pass
         else:       # helper calls inside interpreted kernels skip a redundant re-patch (~40 % of their time)
-            from tpsample.testing.interpreter import speed_up_device_calls
+            from interpreter import speed_up_device_calls
             speed_up_device_calls()
 
 

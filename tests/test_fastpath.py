@@ -12,7 +12,7 @@ import sys
 
 SCRIPT = r"""
 import json, torch, tpsample
-from tpsample.testing.interpreter import speed_up_device_calls
+from interpreter import speed_up_device_calls
 speed_up_device_calls()
 import tpsample.kernels.dispatch as dispatch
 from tpsample import SamplingParams as P
@@ -67,8 +67,10 @@ def _result(stdout: str):
 
 
 def _run(extra_env):
-    """In a fresh process: triton.jit reads TRITON_INTERPRET when the kernels are defined."""
+    """In a fresh process: triton.jit reads TRITON_INTERPRET when the kernels are defined (the
+    tests' folder goes on its path for `interpreter`)."""
     env = dict(os.environ, **extra_env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return _result(res.stdout)

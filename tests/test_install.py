@@ -97,6 +97,18 @@ def test_each_extra_holds_every_module_its_commands_import(project):
         assert not missing, f"tpsample {command} imports {sorted(missing)}, which [{name}] does not install"
 
 
+def test_triton_is_asked_for_only_on_linux_where_its_wheels_exist(project):
+    wanted = [r for reqs in project["optional-dependencies"].values() for r in reqs if _names([r]) == {"triton"}]
+    assert wanted, "no extra installs triton"
+    assert all(r.replace('"', "'").split(";", 1)[-1].strip() == "platform_system == 'Linux'" for r in wanted), wanted
+
+
+def test_the_declared_license_is_the_license_file_shipped(project):
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+
+
 def test_every_command_names_its_extra():
     def subcommands(parser) -> dict:
         return {name: sub for a in parser._actions if isinstance(a, argparse._SubParsersAction)
@@ -127,6 +139,15 @@ def test_the_quick_start_installs_what_its_commands_need(project):
                         'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q -n auto']
     assert set(extras.NEEDS["demo"][1]) <= extra(project, "engine")
     assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == commands[1]
+
+
+def test_ci_lints_with_the_configured_ruff_before_the_tests():
+    lines = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    lint = [i for i, line in enumerate(lines) if line.split("&&")[-1].strip() == "ruff check ."]
+    assert lint and lint[0] < len(lines) - 1, "ruff check runs before the README's test command"
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        lint_config = tomllib.load(f)["tool"]["ruff"]["lint"]
+    assert {"E", "W", "F", "I"} <= set(lint_config["select"])
 
 
 # -- the base install, simulated ---------------------------------------------------------------

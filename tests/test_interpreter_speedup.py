@@ -1,5 +1,5 @@
 """Under Triton's interpreter, a helper called from a kernel no longer re-patches the language
-that the kernel's launch already patched (`tpsample.testing.interpreter`, installed by
+that the kernel's launch already patched (`tests/interpreter.py`, installed by
 conftest.py), and kernels give the same results with and without it."""
 import pytest
 import torch
@@ -11,9 +11,8 @@ pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
 
 def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(monkeypatch):
     import tlutil_probes
+    from interpreter import speed_up_device_calls
     from triton.runtime import interpreter as interp
-
-    from tpsample.testing.interpreter import speed_up_device_calls
     assert speed_up_device_calls()
     calls = [0]
     real = interp._patch_lang

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import reference as ref
 import torch
 
 from tpsample.noise import (
@@ -27,7 +28,6 @@ from tpsample.noise import (
     uniform01,
     uniform_bits,
 )
-from tpsample.sampling import reference as ref
 
 ALPHA = 1e-3
 Z_CORR = 3.29           # two-sided normal quantile for alpha = 0.001

@@ -12,12 +12,12 @@ import dataclasses
 import random
 
 import pytest
+import reference as ref
 import torch
 from scenarios import grammar_rows
 
 import tpsample
 from tpsample import SamplingParams as SP
-from tpsample.sampling import reference as ref
 
 V = 397
 EOS = 3

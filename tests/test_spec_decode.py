@@ -20,12 +20,12 @@ import random
 import zlib
 
 import pytest
+import reference as ref
 import torch
 from scenarios import grammar_rows
 
 import tpsample
 from tpsample import SamplingParams as SP
-from tpsample.sampling import reference as ref
 
 ALPHA = 1e-3
 INF = float("inf")

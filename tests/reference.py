@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from ..noise import SALT_DRAW, W_MAX, row_keys, seed_to_int64, uniform_bits
-from ..params import SamplingParams
+from tpsample.noise import SALT_DRAW, W_MAX, row_keys, seed_to_int64, uniform_bits
+from tpsample.params import SamplingParams
 
 NEG = float("-inf")
 
