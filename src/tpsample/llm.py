@@ -36,7 +36,7 @@ from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.engine.report import EngineInfo, RunStats
 from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta
 from tpsample.engine.tokenizer import load_tokenizer
-from tpsample.model import ModelConfig
+from tpsample.model import ModelConfig, check_checkpoint, resolve_dtype
 
 
 def _ngram(spec) -> NgramConfig | None:
@@ -86,6 +86,9 @@ class LLM:
         model_config = ModelConfig.from_folder(model)
         model_config.check_tensor_parallel(tensor_parallel_size)
         check_max_model_len(self.config.max_model_len, model_config)
+        resolve_dtype(self.config.dtype, model_config)
+        if self.config.load_format != "dummy":
+            check_checkpoint(model, model_config)      # headers only: names, dtypes, full shapes
         self.tokenizer = load_tokenizer(model)
         if under_torchrun():
             self._backend = SpmdBackend(self.config)
