@@ -15,6 +15,9 @@ Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
 `max_model_len` may not exceed the checkpoint's context (config.json `max_position_embeddings`,
 stretched by linear / dynamic rope scaling) unless TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
+The folder is checked before any worker starts (config.json's fields, every tensor's name, dtype
+and full shape from the safetensors headers, the tokenizer files): a bad one is one ValueError
+line naming the file and the tensor or field.
 """
 from __future__ import annotations
 
