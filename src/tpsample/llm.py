@@ -15,6 +15,9 @@ Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
 `max_model_len` may not exceed the checkpoint's context (config.json `max_position_embeddings`,
 stretched by linear / dynamic rope scaling) unless TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
+The folder is checked before any worker starts (config.json's fields, every tensor's name, dtype
+and full shape from the safetensors headers, the tokenizer files): a bad one is one ValueError
+line naming the file and the tensor or field.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.engine.report import EngineInfo, RunStats
 from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta
 from tpsample.engine.tokenizer import load_tokenizer
-from tpsample.model import ModelConfig
+from tpsample.model import ModelConfig, check_checkpoint, resolve_dtype
 
 
 def _ngram(spec) -> NgramConfig | None:
@@ -86,6 +89,9 @@ class LLM:
         model_config = ModelConfig.from_folder(model)
         model_config.check_tensor_parallel(tensor_parallel_size)
         check_max_model_len(self.config.max_model_len, model_config)
+        resolve_dtype(self.config.dtype, model_config)
+        if self.config.load_format != "dummy":
+            check_checkpoint(model, model_config)      # headers only: names, dtypes, full shapes
         self.tokenizer = load_tokenizer(model)
         if under_torchrun():
             self._backend = SpmdBackend(self.config)

@@ -9,6 +9,11 @@ returns the params the sampler should store (`top_k >= V` normalised to -1, off)
 Ranges, and why (the sampler computes in fp32):
 - `temperature`: 0 (greedy) or in [1e-6, 1e6]. `l / T` with T below 1e-6 overflows fp32 for
   large logits (and 1e-45 is 0 in fp32); above 1e6 every realistic row is uniform already.
+- One rule for every real-valued range, whatever the value's type (Python float, numpy scalar,
+  tensor of any float dtype, here or in `tpsample.ops`): the ends are the fp32 numbers nearest
+  the decimal bounds (the sampler's tables are fp32; 1e-6 in fp32 is 9.99999997e-07), and the
+  value is compared exactly, in its own precision. So 1e-6 passes as a Python float, a numpy
+  float32 and a fp32 tensor alike, and anything below fp32(1e-6) fails in every form.
 - `logit_bias` values in [-100, 100], the OpenAI API's range: -100 all but bans a token
   (exp(-100) ~ 4e-44), while values like 1e308 overflow fp32. Use `allowed_token_ids` or
   `bad_words_token_ids` to ban a token exactly.
@@ -29,6 +34,7 @@ argmax, flagged) applies.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
@@ -39,8 +45,15 @@ MAX_LOGIT_BIAS = 1024           # entries
 MAX_BAD_WORDS = 128             # sequences
 MAX_BAD_WORD_LEN = 1024         # tokens per sequence
 LOGIT_BIAS_BOUND = 100.0        # |bias| <= this
-TEMPERATURE_RANGE = (1e-6, 1e6)
-REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
+
+def fp32(x: float) -> float:
+    """x rounded to the nearest fp32 number (what the sampler's fp32 tables hold)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+TEMPERATURE_RANGE = (fp32(1e-6), 1e6)            # fp32 ends (see the module docstring)
+REPETITION_PENALTY_RANGE = (fp32(0.01), 100.0)
 PENALTY_BOUND = 2.0             # |frequency_penalty|, |presence_penalty|
 MAX_STOP_STRINGS = 16           # stop strings per request
 MAX_STOP_STRING_LEN = 256       # characters per stop string

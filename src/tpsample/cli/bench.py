@@ -23,7 +23,7 @@ from .args import (
     int_at_least,
     read_model_config,
 )
-from .engine_opts import DTYPES
+from .engine_opts import DTYPES, check_checkpoint_folder
 
 STRATEGIES = names.REPORT_ORDER
 # The random model bench engine builds when --model is not given (bench.engine).
@@ -185,6 +185,8 @@ def _check_engine(args) -> None:
     check_writable_file(args.plot, "--plot")
     check_gpus_for_ranks(args.device, args.tp)
     config = read_model_config(args.model) if args.model is not None else BUILTIN_MODEL
+    if args.model is not None:
+        check_checkpoint_folder(args.model)
     check_tp_splits(config, args.tp, args.model or "the built-in model")
 
 

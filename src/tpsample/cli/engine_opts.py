@@ -2,7 +2,9 @@
 any command serving a model): the engine's options, the sampling options, and their checks.
 
 `add_engine_args(p)` / `check_engine_args(args)` / `llm_from_args(args)`;
-`add_sampling_args(p)` / `sampling_params_from_args(args, vocab_size)`.
+`add_sampling_args(p)` / `sampling_params_from_args(args, vocab_size)`;
+`check_checkpoint_folder(folder)`: config.json and the checkpoint's tensors, checked before any
+work starts (also for `bench engine --model` and `demo --engine-model`).
 """
 from __future__ import annotations
 
@@ -36,9 +38,18 @@ def add_engine_args(p, *, model_required: bool = True) -> None:
 def check_engine_args(args) -> dict:
     """Checks before anything starts; returns the checkpoint's config.json."""
     config = read_model_config(args.model)
+    check_checkpoint_folder(args.model)
     check_tp_splits(config, args.tp, args.model)
     check_gpus_for_ranks(args.device, args.tp)
     return config
+
+
+def check_checkpoint_folder(folder: str) -> None:
+    """Every config.json field the model uses, and every tensor of the checkpoint against the
+    shapes the config implies (headers only, no weights read): ValueError of one line."""
+    from ..model import ModelConfig, check_checkpoint
+
+    check_checkpoint(folder, ModelConfig.from_folder(folder))
 
 
 def llm_from_args(args):

@@ -132,7 +132,11 @@ def run_serve(args) -> int:
     config = serve_config(args)
     sock = bind(args.host, args.port)              # a taken port fails now, not after loading
     console = Console(stderr=True)
-    llm, name = open_llm(args, console)
+    try:
+        llm, name = open_llm(args, console)
+    except BaseException:                          # a model that does not load: free the port at once
+        sock.close()
+        raise
     name = args.served_model_name or name
     code = 0
     try:

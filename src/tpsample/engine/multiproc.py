@@ -5,7 +5,10 @@ time, and talks to rank 0 over a pipe: rank 0 runs the engine core (`engine.core
 taking requests and aborts at any time and sending events back; the other ranks follow rank 0's
 steps. The caller watches every worker: a worker that dies or raises, or a
 step with no answer within `step_timeout_s`, stops all workers and raises RuntimeError naming the
-rank. A bad request comes back as ValueError and the engine stays usable.
+rank (with the worker's traceback). A ValueError raised in a worker (a checkpoint or setting the
+rank refuses) stops them too and comes back as a ValueError of one line, the worker's message
+after the rank's name, as the command line prints it. A bad request comes back as ValueError and
+the engine stays usable.
 
 Process hygiene: a worker never outlives its parent (each watches it and exits within
 `PARENT_WATCH_S` of its death, whatever killed it); workers live in their own process group, so
@@ -77,8 +80,9 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
             _serve(engine, conn)
         dist.destroy_process_group()
     except BaseException as exc:
-        try:
-            conn.send(("fatal", traceback.format_exc(), isinstance(exc, ValueError)))
+        try:       # a ValueError is the user's to read: its one line, not a traceback
+            usage = isinstance(exc, ValueError)
+            conn.send(("fatal", " ".join(str(exc).split()) if usage else traceback.format_exc(), usage))
         finally:
             sys.exit(1)
 
@@ -133,8 +137,10 @@ class MultiprocBackend:
                         msg = obj.recv()
                     except EOFError:
                         continue                    # the sentinel reports the exit
+                    if msg[0] == "fatal" and msg[2]:
+                        self._fail(f"rank {r} failed during {what}: {msg[1]}", ValueError)
                     if msg[0] == "fatal":
-                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}", ValueError if msg[2] else RuntimeError)
+                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}")
                     self._inbox[r].append(msg)
             for obj in ready:
                 if obj in sentinels:

@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+from tpsample.model.config_fields import read_json_object
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def has_tokenizer(folder: str) -> bool:
@@ -13,12 +16,23 @@ def has_tokenizer(folder: str) -> bool:
 
 
 def load_tokenizer(folder: str):
-    """The folder's tokenizer, or None when it has none."""
+    """The folder's tokenizer, or None when it has none. A tokenizer file that is not a JSON
+    object, or files transformers cannot build a tokenizer from, are one ValueError line naming
+    the file (or the folder), never the library's bare error."""
     if not has_tokenizer(folder):
         return None
+    for name in _JSON_FILES:
+        if os.path.lexists(os.path.join(folder, name)):
+            read_json_object(os.path.join(folder, name))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except ImportError:
+        raise
+    except Exception as e:          # whatever a malformed file makes transformers / tokenizers raise
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        raise ValueError(f"the tokenizer files in {folder} do not load ({why[:300]})") from None
 
 
 def generation_eos_ids(folder: str) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ from tpsample.model.attention import (
                                       build_paged_metadata,
                                       slot_mapping_np,
 )
+from tpsample.model.checkpoint import check_checkpoint, expected_tensors
 from tpsample.model.config import ModelConfig, RopeConfig
 from tpsample.model.llama import CausalLM
 from tpsample.model.loader import load_model, resolve_dtype
@@ -21,5 +22,6 @@ from tpsample.model.parallel_layers import (
 
 __all__ = ["AttentionMetadata", "CausalLM", "ColumnParallelLinear", "MergedColumnParallelLinear", "ModelConfig",
            "PagedAttention", "PagedMetadata", "ParallelLMHead", "RopeConfig", "RowParallelLinear", "TPGroup",
-           "VocabParallelEmbedding", "build_attention_metadata", "build_paged_metadata", "load_model",
+           "VocabParallelEmbedding", "build_attention_metadata", "build_paged_metadata", "check_checkpoint",
+           "expected_tensors", "load_model",
            "resolve_dtype", "slot_mapping_np"]

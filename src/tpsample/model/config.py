@@ -1,13 +1,18 @@
 """ModelConfig: the fields of an HF config.json that the Llama/Qwen2 family needs, validated.
 
 Reads the raw JSON (old `rope_theta` + `rope_scaling` and transformers-5 `rope_parameters`
-layouts both), so the model never depends on transformers' config classes.
+layouts both), so the model never depends on transformers' config classes. Every field the model
+uses is checked for type and range as it is read (`config_fields`), and the sizes for what the
+model needs of them (KV heads divide the heads; without `head_dim` the heads divide
+`hidden_size`; an even rotary dimension): a bad value is one ValueError line naming config.json,
+the field, the value and what is allowed, never an error deep inside the model.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
+
+from tpsample.model.config_fields import ConfigFields, read_json_object
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "dynamic")
 _ARCHS = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
@@ -56,7 +61,7 @@ class ModelConfig:
                              f"num_key_value_heads={self.num_kv_heads}")
 
     @classmethod
-    def from_folder(cls, folder: str) -> "ModelConfig":
+    def from_folder(cls, folder: str) -> ModelConfig:
         """ValueError naming the problem for a missing folder, a file, or a broken config.json."""
         folder = os.fspath(folder)
         if os.path.isfile(folder):
@@ -65,19 +70,7 @@ class ModelConfig:
         if not os.path.isfile(path):
             what = "has no config.json" if os.path.isdir(folder) else "does not exist"
             raise ValueError(f"model folder {folder} {what}; expected a local HF checkpoint folder")
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path} must hold a JSON object, got {type(d).__name__}")
-        try:
-            return cls.from_dict(d)
-        except KeyError as e:
-            raise ValueError(f"{path} lacks the field {e.args[0]!r}") from None
-        except TypeError as e:
-            raise ValueError(f"{path} has a field of the wrong type: {e}") from None
+        return cls.from_dict(read_json_object(path), source=path)
 
     def tp_problems(self, tp: int) -> list[str]:
         """Why tensor_parallel_size=tp cannot split this model (empty when it can)."""
@@ -102,43 +95,58 @@ class ModelConfig:
                              f"Sizes that work: {', '.join(map(str, ok))}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        model_type = d.get("model_type", "llama")
-        if model_type not in _ARCHS:
-            raise ValueError(f"model_type must be one of {sorted(_ARCHS)}, got {model_type!r}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act must be 'silu', got {d['hidden_act']!r}")
+    def from_dict(cls, d: dict, source: str = "config.json") -> ModelConfig:
+        """The config of a config.json object; every field the model uses is checked for type and
+        range (ValueError naming `source`, the field, the value and what is allowed)."""
+        f = ConfigFields(d, source)
+        model_type = f.text("model_type", tuple(sorted(_ARCHS)), default="llama")
+        f.text("hidden_act", ("silu",), default="silu")
         if d.get("use_sliding_window") or (model_type == "mistral" and d.get("sliding_window")):
-            raise ValueError("sliding-window attention is not supported")
+            raise ValueError(f"{source}: sliding-window attention is not supported")
         family = _ARCHS[model_type]
-        heads = d["num_attention_heads"]
-        attention_bias = bool(d.get("attention_bias", False))
-        eos = d.get("eos_token_id")
-        eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+        hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+        kv_heads = f.integer("num_key_value_heads", default=heads)
+        if heads % kv_heads:
+            raise f.fail("num_key_value_heads", f"a divisor of num_attention_heads = {heads}", kv_heads)
+        head_dim = f.integer("head_dim", default=None)
+        if head_dim is None:
+            if hidden % heads:
+                raise f.fail("num_attention_heads", f"a divisor of hidden_size = {hidden} (or head_dim given)", heads)
+            head_dim = hidden // heads
+        max_len = f.integer("max_position_embeddings", default=4096)
+        attention_bias = f.flag("attention_bias")
         return cls(
-            family=family, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"], num_layers=d["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=d.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or attention_bias,
-            o_bias=family == "llama" and attention_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            rope=_rope_from_dict(d), eos_token_ids=eos,
-            torch_dtype=d.get("torch_dtype") or d.get("dtype"),
+            family=family, vocab_size=f.integer("vocab_size", hi=2**31 - 1), hidden_size=hidden,
+            intermediate_size=f.integer("intermediate_size"), num_layers=f.integer("num_hidden_layers"),
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=f.real("rms_norm_eps", 0.0, 1.0, default=1e-6), max_position_embeddings=max_len,
+            tie_word_embeddings=f.flag("tie_word_embeddings"),
+            qkv_bias=family == "qwen2" or attention_bias, o_bias=family == "llama" and attention_bias,
+            mlp_bias=f.flag("mlp_bias"), rope=_rope_from_fields(f, max_len, head_dim),
+            eos_token_ids=f.token_ids("eos_token_id"),
+            torch_dtype=f.text("torch_dtype", default=None) or f.text("dtype", default=None),
         )
 
 
-def _rope_from_dict(d: dict) -> RopeConfig:
-    params = dict(d.get("rope_scaling") or {})
-    params.update(d.get("rope_parameters") or {})
-    theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    kwargs = {k: params[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                     "original_max_position_embeddings") if params.get(k) is not None}
-    if "original_max_position_embeddings" not in kwargs:
-        kwargs["original_max_position_embeddings"] = d.get("max_position_embeddings", 8192)
-    prf = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-    return RopeConfig(theta=float(theta), rope_type=rope_type, partial_rotary_factor=prf, **kwargs)
+def _rope_from_fields(f: ConfigFields, max_len: int, head_dim: int) -> RopeConfig:
+    """RoPE from `rope_scaling` updated by `rope_parameters` (transformers 5), theta and the partial
+    factor falling back to the top level."""
+    scaling, params = f.section("rope_scaling"), f.section("rope_parameters")
+    r = ConfigFields({**scaling.d, **{k: v for k, v in params.d.items() if v is not None}}, f.source,
+                     "rope_parameters." if params.d else "rope_scaling.")
+    rope_type = r.text("rope_type", SUPPORTED_ROPE_TYPES, default=r.text("type", SUPPORTED_ROPE_TYPES, "default"))
+    rope = RopeConfig(
+        theta=r.real("rope_theta", 0.0, default=f.real("rope_theta", 0.0, default=10000.0)), rope_type=rope_type,
+        factor=r.real("factor", 0.0, default=1.0), low_freq_factor=r.real("low_freq_factor", 0.0, default=1.0),
+        high_freq_factor=r.real("high_freq_factor", 0.0, default=4.0),
+        original_max_position_embeddings=r.integer("original_max_position_embeddings", default=max_len),
+        partial_rotary_factor=r.real("partial_rotary_factor", 0.0, 1.0,
+                                     default=f.real("partial_rotary_factor", 0.0, 1.0, default=1.0)))
+    if rope_type == "llama3" and rope.high_freq_factor <= rope.low_freq_factor:
+        raise r.fail("high_freq_factor", f"> low_freq_factor = {rope.low_freq_factor:g} for llama3 scaling",
+                     rope.high_freq_factor)
+    rotary_dim, least = int(head_dim * rope.partial_rotary_factor), 4 if rope_type == "dynamic" else 2
+    if rotary_dim % 2 or rotary_dim < least:
+        raise ValueError(f"{f.source}: head_dim {head_dim} x partial_rotary_factor {rope.partial_rotary_factor:g} "
+                         f"gives {rotary_dim} rotary dimensions; RoPE needs an even number, at least {least}")
+    return rope

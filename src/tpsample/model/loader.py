@@ -1,25 +1,26 @@
 """Build a model and load this rank's shard of an HF safetensors checkpoint folder.
 
-Each parameter reads only its own rows/columns through `safe_open(...).get_slice`, so a rank
-never materialises another rank's shard. Tensors are matched by name; parameters without a
-`weight_loader` (norms) are replicated and read whole.
+First the whole checkpoint is checked against the config (`checkpoint.check_checkpoint`: files,
+names, dtypes and full shapes, from the headers alone), before the model is built. Then each
+parameter reads only its own rows/columns through `safe_open(...).get_slice`, so a rank never
+materialises another rank's shard. Tensors are matched by name; parameters without a
+`weight_loader` (norms) are replicated and read whole. Every user-facing failure is a one-line
+ValueError naming the file and the checkpoint tensor.
 """
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from tpsample.model.checkpoint import IGNORED_SUFFIXES, check_checkpoint
 from tpsample.model.config import ModelConfig
 from tpsample.model.llama import CausalLM
 from tpsample.model.parallel_layers import TPGroup
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_SKIP_SUFFIXES = ("rotary_emb.inv_freq",)
 # checkpoint module -> (fused module, part): the fused projections are filled part by part
 STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -31,6 +32,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dt
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of float32, float16, bfloat16, got {dtype}")
         return dtype
+    if dtype is None and cfg.torch_dtype is not None and cfg.torch_dtype not in DTYPES:
+        raise ValueError(f"config.json torch_dtype {cfg.torch_dtype!r} is not one of {sorted(DTYPES)}; "
+                         "pass a dtype (--dtype) to choose one")
     name = dtype if dtype is not None else (cfg.torch_dtype or "float32")
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
@@ -52,12 +56,13 @@ def load_model(folder: str, group: TPGroup, *, dtype: torch.dtype,
     """The model with this rank's weights, in eval mode, on `device`. load_format "dummy": random
     weights made on the device (only config.json is read), for benchmarks of large shapes."""
     cfg = ModelConfig.from_folder(folder)
+    files = None if load_format == "dummy" else check_checkpoint(folder, cfg)
     with _default_dtype(dtype), torch.device(device):
         model = CausalLM(cfg, group)
-    if load_format == "dummy":
+    if files is None:
         init_dummy_weights(model, seed=group.rank)
     else:
-        load_weights(model, folder)
+        _fill(model, files)
     return model.eval()
 
 
@@ -73,28 +78,38 @@ def init_dummy_weights(model: CausalLM, *, seed: int = 0, std: float = 0.02) -> 
 
 
 def load_weights(model: CausalLM, folder: str) -> None:
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    """Check the folder's checkpoint against the model's config, then fill this rank's shards."""
+    _fill(model, check_checkpoint(folder, model.config))
+
+
+def _fill(model: CausalLM, files: list[str]) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in files:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name.endswith(_SKIP_SUFFIXES):
+        with _open(path) as f:
+            for name in f.keys():  # noqa: SIM118  (a safe_open handle, not a dict)
+                if name.endswith(IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and model.config.tie_word_embeddings:
                     continue
                 target, part = _target(name)
-                if target not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(model).__name__}")
-                _load_one(params[target], f.get_slice(name), name, part)
+                _load_one(params[target], CheckpointSlice(name, f.get_slice(name), params[target].dtype), part)
                 loaded.add(name if part is None else f"{target}#{part}")
     expected = {f"{n}#{i}" if getattr(p, "num_parts", None) else n
                 for n, p in params.items() for i in range(getattr(p, "num_parts", None) or 1)}
-    missing = sorted(expected - loaded)
-    if missing:
-        raise ValueError(f"checkpoint {folder} lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if loaded != expected:        # check_checkpoint and the name mapping disagree: a bug here, not in the files
+        raise RuntimeError(f"the checked checkpoint left parameters unfilled: {sorted(expected - loaded)[:5]}")
+
+
+@contextlib.contextmanager
+def _open(path: str):
+    """safe_open, its failures (the file changed since its header was checked) as ValueError."""
+    try:
+        f = safe_open(path, framework="pt", device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path} cannot be opened as a safetensors file: {' '.join(str(e).split())}") from None
+    with f:
+        yield f
 
 
 def _target(name: str) -> tuple[str, int | None]:
@@ -106,24 +121,25 @@ def _target(name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def _load_one(param: torch.nn.Parameter, checkpoint_slice, name: str, part: int | None = None) -> None:
+def _load_one(param: torch.nn.Parameter, checkpoint_slice: CheckpointSlice, part: int | None = None) -> None:
     loader = getattr(param, "weight_loader", None)
     with torch.no_grad():
         if loader is not None:
-            sliced = _CastingSlice(checkpoint_slice, param.dtype)
-            loader(param, sliced) if part is None else loader(param, sliced, part)
+            loader(param, checkpoint_slice) if part is None else loader(param, checkpoint_slice, part)
         else:
             tensor = checkpoint_slice[:]
             if tuple(tensor.shape) != tuple(param.shape):
-                raise ValueError(f"{name}: checkpoint {tuple(tensor.shape)} != parameter {tuple(param.shape)}")
-            param.copy_(tensor.to(param.dtype))
+                raise ValueError(f"{checkpoint_slice.name}: checkpoint {tuple(tensor.shape)} != parameter "
+                                 f"{tuple(param.shape)}")
+            param.copy_(tensor)
 
 
-class _CastingSlice:
-    """A safetensors slice whose reads come back in the parameter's dtype."""
+class CheckpointSlice:
+    """A checkpoint tensor as the parameters' weight loaders see it: its checkpoint `name` (for
+    their errors), and reads (`[index]`) that come back in the parameter's dtype."""
 
-    def __init__(self, checkpoint_slice, dtype: torch.dtype):
-        self._slice, self._dtype = checkpoint_slice, dtype
+    def __init__(self, name: str, checkpoint_slice, dtype: torch.dtype):
+        self.name, self._slice, self._dtype = name, checkpoint_slice, dtype
 
     def __getitem__(self, index) -> torch.Tensor:
         return self._slice[index].to(self._dtype)

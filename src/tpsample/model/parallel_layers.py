@@ -2,8 +2,9 @@
 
 `TPGroup` wraps the explicit torch.distributed ProcessGroup the model talks through (never the
 implicit world group) and short-circuits every collective at size 1. Each layer owns its shard
-of the weight, knows how to read that shard from a checkpoint slice (`weight_loader`), and runs
-its own collective in its own `forward`:
+of the weight, knows how to read that shard from a checkpoint slice (`weight_loader(param, slice
+[, part])`, the slice indexable and carrying the checkpoint tensor's `name`, which its errors
+give), and runs its own collective in its own `forward`:
 
 - `ColumnParallelLinear`: output features split in units (heads, or 1); no collective. Units that
   do not divide by TP but divide TP (few KV heads, many ranks) are replicated.
@@ -45,9 +46,12 @@ def _empty(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+def _copy_checked(param: torch.Tensor, checkpoint_slice, index) -> None:
+    """param <- checkpoint_slice[index]; a shape mismatch names the checkpoint tensor."""
+    loaded = checkpoint_slice[index]
     if tuple(param.shape) != tuple(loaded.shape):
-        raise ValueError(f"{name}: checkpoint shard {tuple(loaded.shape)} != parameter {tuple(param.shape)}")
+        raise ValueError(f"checkpoint tensor {checkpoint_slice.name}: this rank's slice is {list(loaded.shape)}, "
+                         f"its parameter shard {list(param.shape)}")
     param.data.copy_(loaded)
 
 
@@ -68,7 +72,7 @@ class ColumnParallelLinear(nn.Module):
             self.bias.weight_loader = self._load_rows
 
     def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice[self.out_start:self.out_end], "ColumnParallelLinear")
+        _copy_checked(param, checkpoint_slice, slice(self.out_start, self.out_end))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -97,8 +101,7 @@ class MergedColumnParallelLinear(nn.Module):
 
     def _load_part(self, param: nn.Parameter, checkpoint_slice, part: int) -> None:
         (start, end), offset = self.ranges[part], self.offsets[part]
-        _copy_checked(param.data[offset:offset + end - start], checkpoint_slice[start:end],
-                      f"MergedColumnParallelLinear part {part}")
+        _copy_checked(param.data[offset:offset + end - start], checkpoint_slice, slice(start, end))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -121,7 +124,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _empty(out_features) if bias else None
 
     def _load_cols(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice[:, self.in_start:self.in_end], "RowParallelLinear")
+        _copy_checked(param, checkpoint_slice, (slice(None), slice(self.in_start, self.in_end)))
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         y = self.group.all_reduce(F.linear(x_local, self.weight))
@@ -139,7 +142,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self._load_rows
 
     def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice[self.vocab_start:self.vocab_end], "VocabParallelEmbedding")
+        _copy_checked(param, checkpoint_slice, slice(self.vocab_start, self.vocab_end))
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         inside = (token_ids >= self.vocab_start) & (token_ids < self.vocab_end)
@@ -162,7 +165,7 @@ class ParallelLMHead(nn.Module):
         self.weight = embedding.weight
 
     def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice[self.vocab_start:self.vocab_end], "ParallelLMHead")
+        _copy_checked(param, checkpoint_slice, slice(self.vocab_start, self.vocab_end))
 
     def forward(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden_rows, self.weight)

@@ -12,6 +12,7 @@ Contract (arguments already checked by the public wrappers in `ops.api` / `ops.p
   of the vocabulary: a full row (0) or a TP shard. Nothing is communicated.
 - `logprobs_impl`: `row_logprobs` (torch, any reducer) or, for full rows on a kernel device, the
   one-pass statistics kernel the Sampler's raw logprobs use; no `[rows, V]` logprob tensor.
+  Zero rows give empty results of the usual dtypes and widths, with no collective.
 Never imports the Sampler or the engine.
 """
 from __future__ import annotations
@@ -107,6 +108,9 @@ def logprobs_impl(logits, token_ids, top_n: int, col_start: int, red=None):
     red = LocalRows() if red is None else red
     tokens = token_ids.to(logits.device, torch.int64)
     rows, cols = logits.shape
+    if rows == 0:         # nothing to compute or combine (every rank holds the same zero rows)
+        return (tokens.new_empty((0, 1 + top_n)), logits.new_empty((0, 1 + top_n), dtype=torch.float32),
+                tokens.new_empty((0,)))
     if isinstance(red, LocalRows) and rows and cols and kernel_path(logits):
         from ..kernels.dispatch import token_logprob_stats
         lse, top_v, top_i, above = token_logprob_stats(logits, None, top_n, col_offset=col_start, tokens=tokens)
