@@ -90,11 +90,11 @@ def forced_exact(group):
     from tpsample.parallel.collectives import Collectives
     from tpsample.parallel.group import TPGroup
     from tpsample.parallel.strategies import ShardReducer
+    from tpsample.sampling.processors import PROCESSORS
     from tpsample.sampling.recipe import SampleArgs, sample_rows
     from tpsample.sampling.rounds.rounds import ROUNDS_EXACT
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
-    from tpsample.sampling.processors import PROCESSORS
     g = TPGroup.resolve(group)
     start, end = tpsample.vocab_shard(V, g.size, g.rank)
     store = RequestStore(V, ROWS, None, PROCESSORS)

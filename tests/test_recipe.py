@@ -8,10 +8,10 @@ import torch
 
 from tpsample import SamplingParams
 from tpsample.parallel.plan import RowsView
-from tpsample.sampling.reducer import LocalRows
-from tpsample.sampling.recipe import SampleArgs, sample_rows
-from tpsample.state.store import RequestStore
 from tpsample.sampling.processors import PROCESSORS
+from tpsample.sampling.recipe import SampleArgs, sample_rows
+from tpsample.sampling.reducer import LocalRows
+from tpsample.state.store import RequestStore
 
 V = 257
 STEPS = ("front", "draw", "guard", "logprobs")

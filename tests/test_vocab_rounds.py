@@ -76,12 +76,12 @@ def test_no_host_read_inside_a_step(ranks):
 
 
 def test_forced_exact_top_p_path_gives_the_full_row_tokens(ranks):
+    from tpsample.sampling.processors import PROCESSORS
     from tpsample.sampling.recipe import SampleArgs, sample_rows
     from tpsample.sampling.reducer import LocalRows
     from tpsample.sampling.torch_backend import TORCH
     from tpsample.state.rows import RowsView
     from tpsample.state.store import RequestStore
-    from tpsample.sampling.processors import PROCESSORS
     store = RequestStore(V, ROWS, None, PROCESSORS)
     for i in range(ROWS):
         p = WORKLOADS["top_p+logprobs"](i)

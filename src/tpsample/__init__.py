@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-from .replay import CapturedStep
 from .parallel.plan import SamplingPlan
 from .parallel.shard import vocab_shard
 from .params import SamplingParams
+from .replay import CapturedStep
 from .sampler import Sampler, StepStats
 from .sampling.output import LogprobsOutput, SamplerOutput
 

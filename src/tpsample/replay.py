@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from .kernels.relaunch import LaunchList, recorded
-from .sampling.output import ReplayResults, SamplerOutput
 from .sampling.min_tokens import MinTokens
+from .sampling.output import ReplayResults, SamplerOutput
 
 AFTER = 4             # consecutive identical eager calls before a recording (the capture costs a few ms)
 RESERVE_TOKENS = 1024

@@ -22,14 +22,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..numerics import NEG_INF
+from ..numerics import NEG_INF, row_chunks
 from ..sampling import processors as P
 from ..sampling.logit_bias import LogitBias
-from ..sampling.penalties import Penalties, PenaltyRows
-from ..sampling.scatter import PaddedRows
-from ..numerics import row_chunks
 from ..sampling.logprobs import finite_logprobs, row_logprobs
+from ..sampling.penalties import Penalties, PenaltyRows
 from ..sampling.reducer import LocalRows
+from ..sampling.scatter import PaddedRows
 from .args import normalise
 from .direct import sample_direct
 from .run import kernel_path, needs_host_values, sample_full

@@ -25,8 +25,7 @@ import torch
 
 from ..kernels.config import RowHints
 from ..state.columns import Layout
-from ..state.rows import HostRows, RowBatch, RowSource
-from ..state.rows import RowsView, upload
+from ..state.rows import HostRows, RowBatch, RowSource, RowsView, upload
 
 LAYOUT = Layout.of(())     # the core columns: the ops' processors are ops of their own
 HINT_FIELDS = ("any_filter", "any_top_k_or_p", "any_greedy", "any_plain", "any_top_p_alone")

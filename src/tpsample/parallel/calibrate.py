@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from ..params import SamplingParams
-from ..sampling.reducer import LocalRows
+from ..sampling.processors import PROCESSORS
 from ..sampling.recipe import SampleArgs, sample_rows
+from ..sampling.reducer import LocalRows
 from ..sampling.rounds.rounds import ROUNDS
 from ..state.rows import RowsView
-from ..sampling.processors import PROCESSORS
 from ..state.store import RequestStore
 from .auto import CommCosts, Features, StepCosts, as_array, from_array
 from .collectives import Collectives

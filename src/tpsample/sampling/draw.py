@@ -12,8 +12,7 @@ import torch
 
 from ..kernels.config import kernels_wanted
 from ..noise import SALT_DRAW, gumbel_noise
-from ..numerics import NEG_INF, kept_mask
-from ..numerics import row_chunks
+from ..numerics import NEG_INF, kept_mask, row_chunks
 from .keys import row_keys
 
 

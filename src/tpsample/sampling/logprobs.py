@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics import NEG_INF, order_key
-from ..numerics import row_chunks
+from ..numerics import NEG_INF, order_key, row_chunks
 
 _LOW31 = (1 << 31) - 1
 

@@ -18,8 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..numerics import NEG_INF, kept_mask, key_to_float, mass_shift, order_key
-from ..numerics import row_chunks
+from ..numerics import NEG_INF, kept_mask, key_to_float, mass_shift, order_key, row_chunks
 from .filters import NUM_CANDIDATES, Candidates, masses
 
 

@@ -20,11 +20,10 @@ from typing import Optional
 
 import torch
 
-from ..numerics import NEG_INF
+from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
-from ..numerics import ROW_CHUNK_ELEMS, row_chunks
 from .filters import min_p_threshold, top_k_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs

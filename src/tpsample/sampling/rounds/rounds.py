@@ -21,10 +21,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...numerics import NEG_INF, mass_shift
+from ...numerics import NEG_INF, mass_shift, row_chunks
 from .. import processors as P
 from ..draw import emitted_tokens, local_gumbel_draw
-from ...numerics import row_chunks
 from ..topp import _radix_search
 from ..torch_backend import front, note_memory
 from . import summary, topp_band, topp_band_lp

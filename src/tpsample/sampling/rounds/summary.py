@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift
-from ...numerics import row_chunks
+from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks
 from ..filters import local_top_values, masses
 from ..topp import threshold_from_sorted
 from . import topp_band

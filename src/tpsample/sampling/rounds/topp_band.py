@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ...noise import gumbel_noise
-from ...numerics import NEG_INF, fixed_point_masses, kept_mask
-from ...numerics import row_chunks
+from ...numerics import NEG_INF, fixed_point_masses, kept_mask, row_chunks
 
 BIN_SCALE = 8.0          # bins of 1/8 nat on the grid floor(8 x) (a power of two: exact)
 NUM_BINS = 128           # 16 nats below a part's max; a crossing further down takes the exact path
