@@ -97,7 +97,7 @@ def test_replay_is_only_wanted_where_it_gives_the_eager_results(cpu_graphs, monk
     monkeypatch.setattr(autograph.AutoGraph, "cuda_only", True)
     on.sample(torch.zeros(1, V), plan)                                           # CPU logits
     assert asked == [plan]
-    group = type("TP2", (), {"size": 2, "rank": 0})()
+    group = type("TP2", (), {"size": 2, "rank": 0, "timeout": None})()
     monkeypatch.setattr(tpsample.sampler.TPGroup, "resolve", staticmethod(lambda g, t: group))
     monkeypatch.setattr(tpsample.sampler.Collectives, "broadcast_int", lambda self, v: v)
     assert tpsample.Sampler(V, auto_graph=True, check_plans=False).auto_graph is None

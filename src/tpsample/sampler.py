@@ -33,7 +33,7 @@ from .parallel.group import DEFAULT_TIMEOUT_S, TPGroup
 from .parallel.measured import MeasuredAuto, features
 from .parallel.plan import SamplingPlan, build_plan
 from .parallel.shard import vocab_shard
-from .parallel.strategies import BY_NAME, Step
+from .parallel.strategies import BY_NAME, Step, device_copy
 from .params import SamplingParams
 from .replay import AutoGraph, CapturedStep
 from .sampling.keys import append_kernel
@@ -250,7 +250,7 @@ class Sampler:
         block, logprobs = strategy.after(res, plan, step)   # 6. per-request results, identical on every rank
         if append:                                           # 7. the emitted tokens into the device history
             m = plan.max_rows
-            self.store.append(plan.device_array("slots", plan.slots, logits.device), block[:, :m], block[:, m],
+            self.store.append(device_copy(plan, "slots", plan.slots, logits.device), block[:, :m], block[:, m],
                               self._append[1])
         return block, logprobs, res.exact_rows
 
@@ -261,10 +261,12 @@ class Sampler:
     def _check_inputs(self, local_logits, plan, draft_probs) -> None:
         self._check_plan(plan)
         width = self.col_end - self.col_start
-        check_logits(local_logits, plan.num_rows, width, "local_logits")
+        fits = isinstance(local_logits, torch.Tensor) and local_logits.shape == (plan.num_rows, width)
+        if not (fits and local_logits.is_floating_point()):      # the error names what is wrong
+            check_logits(local_logits, plan.num_rows, width, "local_logits")
         if draft_probs is not None:      # full rows (TP = 1): a row that verifies a draft cannot be all zero
             full = self.tp_size == 1
-            draft_rows = np.flatnonzero(plan.rows_view(None).draft_tokens >= 0) if full else None
+            draft_rows = np.flatnonzero(plan.all_rows.draft_tokens >= 0) if full else None
             check_draft_probs(draft_probs, plan.num_rows, width, draft_rows=draft_rows, full_rows=full)
 
     def _prepare_state(self, dev: torch.device, plan: SamplingPlan) -> None:
@@ -350,7 +352,7 @@ class Sampler:
         differ. Runs every step (a rank cannot know whether the others changed their plan), on
         the host. On a mismatch every rank raises a ValueError (no rank is left waiting), naming
         the first differing request and its fields when the batches line up (`parallel.agreement`)."""
-        prints = self._check.all_gather(torch.tensor([plan.fingerprint()], dtype=torch.int64)).view(-1).tolist()
+        prints = self._check.all_gather(torch.tensor([plan.fingerprint], dtype=torch.int64)).view(-1).tolist()
         if len(set(prints)) != 1:
             raise ValueError(disagreement(self._check, plan, prints, self.store.slots))
 

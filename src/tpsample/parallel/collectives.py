@@ -36,15 +36,13 @@ class CommStats:
 class Collectives:
     def __init__(self, group: TPGroup):
         self.group = group
+        self.size = group.size             # ranks (1: every call returns its input)
+        self.timeout = group.timeout       # per collective (a timedelta, made once)
         self.stats = CommStats()
-
-    @property
-    def size(self) -> int:
-        return self.group.size
 
     def _wait(self, work, name: str) -> None:
         try:
-            ok = work.wait(timeout=self.group.timeout)
+            ok = work.wait(timeout=self.timeout)
         except Exception as exc:  # gloo raises on a closed peer or on timeout
             raise CollectiveError(
                 f"{name} failed on rank {self.group.rank}/{self.group.size} "

@@ -51,16 +51,18 @@ class SamplingPlan:
     vocab_size: int = 0
     param_prints: Optional[np.ndarray] = None      # [num_reqs] int64 each slot's print (state.digest)
     sharding: Any = None               # the strategy object (`parallel.strategies`): its before and after
-    _fingerprint: list = field(default_factory=list, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)      # views and device copies, reused
+    # derived (plain fields: a step reads them without calling into this module)
+    num_reqs: int = field(init=False)
+    has_drafts: bool = field(init=False)             # some request verifies draft tokens
+    all_rows: RowsView = field(init=False, repr=False)   # every row's RowsView
+    fingerprint: int = field(init=False)             # what every rank must agree on (`_fingerprint_of`)
 
-    @property
-    def num_reqs(self) -> int:
-        return len(self.slots)
-
-    @property
-    def has_drafts(self) -> bool:
-        return self.max_rows > 1
+    def __post_init__(self):
+        object.__setattr__(self, "num_reqs", len(self.slots))
+        object.__setattr__(self, "has_drafts", self.max_rows > 1)
+        object.__setattr__(self, "all_rows", self._rows_view(None))
+        object.__setattr__(self, "fingerprint", self._fingerprint_of())
 
     def draft_token_ids(self) -> list[list[int]]:
         return [[int(t) for t in row if t >= 0] for row in self.drafts]
@@ -76,22 +78,13 @@ class SamplingPlan:
     def rows_view(self, req_indices: Optional[np.ndarray] = None) -> RowsView:
         """The RowsView of the given requests' rows (all requests when None); cached, so a plan
         reused across steps uploads its indices once."""
-        key = ("view", None if req_indices is None else np.asarray(req_indices).tobytes())
+        if req_indices is None:
+            return self.all_rows
+        key = ("view", np.asarray(req_indices).tobytes())
         view = self._cache.get(key)
         if view is None:
             view = self._cache[key] = self._rows_view(req_indices)
         return view
-
-    def device_array(self, name: str, values: np.ndarray, device) -> torch.Tensor:
-        """An int64 host array of this plan on `device`, copied once and cached."""
-        key = (name, str(device))
-        t = self._cache.get(key)
-        if t is None:
-            t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-            if torch.device(device).type == "cuda":
-                t = t.pin_memory()
-            t = self._cache[key] = t.to(device, non_blocking=True)
-        return t
 
     def _rows_view(self, req_indices: Optional[np.ndarray]) -> RowsView:
         reqs = np.arange(self.num_reqs) if req_indices is None else np.asarray(req_indices, dtype=np.int64)
@@ -107,18 +100,15 @@ class SamplingPlan:
         before = np.where(np.arange(d)[None, :] < offsets[:, None], drafts, -1)
         return RowsView(self.slots[row_req], offsets, draft_tok, before)
 
-    def fingerprint(self) -> int:
-        """A 63-bit hash of what every rank must agree on, the requests' params included (cached)."""
-        if not self._fingerprint:
-            h = hashlib.blake2b(digest_size=8)
-            for part in (self.strategy.encode(), self.slots.tobytes(), self.generations.tobytes(),
-                         self.drafts.tobytes(), bytes([self.logprobs_width % 256]),
-                         b"m" if self.grammar_bitmask is not None else b"-",
-                         b"" if self.param_prints is None else self.param_prints.tobytes()):
-                h.update(part)
-            self._fingerprint.append(int.from_bytes(h.digest(), "little") >> 1)
-        return self._fingerprint[0]
-
+    def _fingerprint_of(self) -> int:
+        """A 63-bit hash of what every rank must agree on, the requests' params included."""
+        h = hashlib.blake2b(digest_size=8)
+        for part in (self.strategy.encode(), self.slots.tobytes(), self.generations.tobytes(),
+                     self.drafts.tobytes(), bytes([self.logprobs_width % 256]),
+                     b"m" if self.grammar_bitmask is not None else b"-",
+                     b"" if self.param_prints is None else self.param_prints.tobytes()):
+            h.update(part)
+        return int.from_bytes(h.digest(), "little") >> 1
 
 def build_plan(strategy, tp_size: int, req_ids, slots: np.ndarray, generations: np.ndarray,
                drafts: np.ndarray, logprobs_width: int, grammar_bitmask: Optional[torch.Tensor] = None,

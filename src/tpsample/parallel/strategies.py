@@ -29,7 +29,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..sampling.assembly import RequestRows, assemble
 from ..sampling.output import LogprobsOutput
 from ..sampling.recipe import RowResult, SampleArgs, padded_logprobs
 from ..sampling.reducer import LocalRows, best_of_parts
@@ -97,7 +96,7 @@ class Replicated:
     def before(self, x: torch.Tensor, plan: SamplingPlan, step: Step) -> SampleArgs:
         full = _gather_vocab(x, step)
         probs = None if step.draft_probs is None else _gather_vocab(step.draft_probs, step)
-        batch = step.store.row_batch(plan.rows_view(None), x.device)
+        batch = step.store.row_batch(plan.all_rows, x.device)
         return SampleArgs(full, 0, batch, LocalRows(), plan.grammar_bitmask, probs, step.meter,
                           step.inplace or step.comm.size > 1)
 
@@ -115,8 +114,8 @@ class BatchSharded:
         probs = None if step.draft_probs is None else _owned_rows(step.draft_probs, plan, step)
         mask = None
         if plan.grammar_bitmask is not None:
-            rows = plan.device_array(("mask_rows", step.comm.group.rank), plan.batch_rows(owned),
-                                     plan.grammar_bitmask.device)
+            rows = device_copy(plan, ("mask_rows", step.comm.group.rank), plan.batch_rows(owned),
+                               plan.grammar_bitmask.device)
             mask = plan.grammar_bitmask.index_select(0, rows)
         batch = step.store.row_batch(plan.rows_view(owned), x.device)
         return SampleArgs(full, 0, batch, LocalRows(), mask, probs, step.meter, step.inplace or step.comm.size > 1)
@@ -129,8 +128,8 @@ class BatchSharded:
             return block, lp
         max_own = max(len(o) for o in plan.owned_reqs)
         gathered = comm.all_gather(_pad_rows(block, max_own))                     # [tp, max_own, w]
-        out = gathered.reshape(-1, block.shape[1]).index_select(0, plan.device_array("gather", plan.gather_index,
-                                                                                      block.device))
+        out = gathered.reshape(-1, block.shape[1]).index_select(0, device_copy(plan, "gather", plan.gather_index,
+                                                                                   block.device))
         return out, None if lp is None else _gather_logprobs(lp, plan, comm)
 
 
@@ -140,7 +139,7 @@ class VocabParallel:
 
     def before(self, x: torch.Tensor, plan: SamplingPlan, step: Step) -> SampleArgs:
         red = LocalRows() if step.comm.size == 1 else ShardReducer(step.comm)
-        batch = step.store.row_batch(plan.rows_view(None), x.device)
+        batch = step.store.row_batch(plan.all_rows, x.device)
         return SampleArgs(x, step.col_start, batch, red, plan.grammar_bitmask, step.draft_probs, step.meter,
                           step.inplace)
 
@@ -168,6 +167,64 @@ def request_results(res: RowResult, plan: SamplingPlan, req_indices: Optional[np
     if plan.logprobs_width > 0:
         lp = LogprobsOutput(*padded_logprobs(res, res.emitted.shape[0], plan.logprobs_width, dev))
     return block, lp
+
+
+def device_copy(plan: SamplingPlan, name, values: np.ndarray, device) -> torch.Tensor:
+    """An int64 host array of the plan on `device`, copied once (pinned, non-blocking) and kept
+    with the plan, so a reused plan uploads nothing."""
+    key = (name, str(device))
+    t = plan._cache.get(key)
+    if t is None:
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        if torch.device(device).type == "cuda":
+            t = t.pin_memory()
+        t = plan._cache[key] = t.to(device, non_blocking=True)
+    return t
+
+
+@dataclass(frozen=True)
+class RequestRows:
+    """Where each request's rows are: index [num_reqs, max_rows] int64 batch rows (0 padded),
+    valid [num_reqs, max_rows] bool, num_rows [num_reqs] int64; all on the device."""
+    index: torch.Tensor
+    valid: torch.Tensor
+    num_rows: torch.Tensor
+
+    @staticmethod
+    def build(rows_per_req: np.ndarray, max_rows: int, device) -> "RequestRows":
+        start = np.cumsum(rows_per_req) - rows_per_req
+        j = np.arange(max_rows)[None, :]
+        valid = j < rows_per_req[:, None]
+        index = np.where(valid, start[:, None] + j, 0)
+        packed = torch.from_numpy(np.concatenate([index, valid, rows_per_req[:, None]], axis=1).astype(np.int64))
+        if torch.device(device).type == "cuda":
+            packed = packed.pin_memory()
+        packed = packed.to(device, non_blocking=True)
+        return RequestRows(packed[:, :max_rows], packed[:, max_rows:2 * max_rows].bool(), packed[:, -1])
+
+
+def assemble(emitted: torch.Tensor, accepted: torch.Tensor, fallback: torch.Tensor, num_nans: torch.Tensor,
+             layout: Optional[RequestRows], max_rows: int) -> torch.Tensor:
+    """Per-request packed block [num_reqs, max_rows + 4] int64 (device) from per-row results.
+
+    Rows come request by request (drafts first, bonus row last). A request emits its accepted
+    draft tokens up to the first rejection, then that row's emitted token (the residual), or,
+    if every draft is accepted, the bonus row's token. Columns: tokens (-1 pad), num_sampled,
+    num_rejected, num_nans, num_fallback (rows that emitted a token through the guard).
+    layout None: one row per request (no drafts in the step).
+    """
+    if layout is None:
+        ones = torch.ones_like(emitted)
+        return torch.stack([emitted, ones, ones - 1, num_nans, fallback.to(torch.int64)], dim=1)
+    idx, valid = layout.index, layout.valid
+    is_draft = torch.arange(max_rows, device=idx.device).unsqueeze(0) < (layout.num_rows - 1).unsqueeze(1)
+    acc = accepted[idx] & is_draft
+    k = torch.cumprod(acc.to(torch.int64), dim=1).sum(dim=1)         # leading accepted drafts
+    emit = (torch.arange(max_rows, device=idx.device).unsqueeze(0) <= k.unsqueeze(1)) & valid
+    tokens = torch.where(emit, emitted[idx], torch.full_like(idx, -1))
+    nans = (num_nans[idx] * valid).sum(dim=1)
+    fb = (fallback[idx] & emit).sum(dim=1)
+    return torch.cat([tokens, torch.stack([k + 1, layout.num_rows - 1 - k, nans, fb], dim=1)], dim=1)
 
 
 def _gather_vocab(x: torch.Tensor, step: Step) -> torch.Tensor:
@@ -215,7 +272,7 @@ def _gather_logprobs(lp: LogprobsOutput, plan: SamplingPlan, comm: Collectives) 
     w = plan.logprobs_width
     packed = torch.cat([lp.token_ids, lp.ranks.unsqueeze(1), lp.logprobs.view(torch.int32).to(torch.int64)], dim=1)
     g = comm.all_gather(_pad_rows(packed, max(plan.rows_per_rank)))           # [tp, max_rows_own, 2w + 1]
-    g = g.reshape(-1, 2 * w + 1).index_select(0, plan.device_array("lp_gather", _lp_index(plan), g.device))
+    g = g.reshape(-1, 2 * w + 1).index_select(0, device_copy(plan, "lp_gather", _lp_index(plan), g.device))
     return LogprobsOutput(g[:, :w].contiguous(), g[:, w + 1:].to(torch.int32).view(torch.float32).contiguous(),
                           g[:, w].contiguous())
 

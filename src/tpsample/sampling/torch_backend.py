@@ -24,11 +24,10 @@ from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
-from .filters import min_p_threshold, top_k_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
-from .topp import top_p_threshold
+from .thresholds import min_p_threshold, top_k_threshold, top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates

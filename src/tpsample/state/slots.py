@@ -46,25 +46,21 @@ class SlotTable:
     def __init__(self, max_num_reqs: int):
         self.max_num_reqs = max_num_reqs
         self._freed: list[int] = []          # heap of freed slots below the high-water mark
-        self._next = 0                       # slots >= _next were never used
+        self.high_water = 0                  # one past the largest slot ever handed out (tables need
+        #                                      this many rows); slots from it on were never used
         self.generation = np.zeros(16, dtype=np.int64)
         self.prints = np.zeros(16, dtype=np.int64)     # per slot: its occupant's print (state.digest)
         self.requests: dict[str, RequestInfo] = {}
         self.version = 0                     # bumped with every generation change (a cheap staleness test)
-
-    @property
-    def high_water(self) -> int:
-        """One past the largest slot ever handed out (tables need this many rows)."""
-        return self._next
 
     def allocate(self, req_id: str) -> int:
         if req_id in self.requests:
             raise ValueError(f"req_id {req_id!r} is already active; remove it first")
         if self._freed:
             slot = heapq.heappop(self._freed)
-        elif self._next < self.max_num_reqs:
-            slot = self._next
-            self._next += 1
+        elif self.high_water < self.max_num_reqs:
+            slot = self.high_water
+            self.high_water += 1
         else:
             raise ValueError(f"no free slot: all max_num_reqs={self.max_num_reqs} slots are in use")
         if slot >= len(self.generation):
@@ -88,7 +84,7 @@ class SlotTable:
             self.generation[slot] -= 1
             self.version += 1                    # a version never repeats (plans re-check once)
             if fresh:
-                self._next -= 1
+                self.high_water -= 1
             else:
                 heapq.heappush(self._freed, slot)
             self.requests.pop(req_id, None)

@@ -62,6 +62,8 @@ class RequestStore:
         self.padded = {name: PaddedTable(dtype, fill, min_capacity=words if cap is None else cap)
                        for p in self.processors for name, (dtype, fill, cap) in p.tables.items()}
         self.history = History()
+        self._flags_row: tuple = (None, None)      # (the i64 device table, its flags row)
+        self._ordered_bits = self.layout.bits.get("penalties", 0)   # whose slots keep the ascending history
         self.device: Optional[torch.device] = None
         self._synced: Optional[tuple] = None      # (device, rows) of the last sync while nothing was added since
 
@@ -158,9 +160,10 @@ class RequestStore:
     def append(self, slots: torch.Tensor, tokens: torch.Tensor, num_sampled: torch.Tensor, kernel=None) -> None:
         """The history append of a step; only slots of requests with penalties keep the
         ascending copy (its only reader is the penalty kernel)."""
-        layout = self.layout
-        self.history.append(slots, tokens, num_sampled, kernel,
-                            (self.i64.device_row(layout.i64["flags"]), layout.bits.get("penalties", 0)))
+        table = self.i64.device_table
+        if self._flags_row[0] is not table:     # one view per table: no call per step
+            self._flags_row = (table, table[self.layout.i64["flags"]])
+        self.history.append(slots, tokens, num_sampled, kernel, (self._flags_row[1], self._ordered_bits))
 
 
 def derive_seed(base_seed: int, req_id: str, serial: int) -> int:

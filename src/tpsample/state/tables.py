@@ -39,14 +39,6 @@ class DenseTable:
         self.device_table: Optional[torch.Tensor] = None
         self._dirty = True
         self._copy_done: Optional[torch.cuda.Event] = None
-        self._row_views: dict = {}      # parameter -> (device table, its row): one view per table
-
-    def device_row(self, i: int) -> torch.Tensor:
-        """Parameter i of every slot ([slots], contiguous) in the device copy (after `sync`)."""
-        got = self._row_views.get(i)
-        if got is None or got[0] is not self.device_table:
-            got = self._row_views[i] = (self.device_table, self.device_table[i])
-        return got[1]
 
     def ensure_rows(self, rows: int) -> None:
         if rows > self.host.shape[1]:

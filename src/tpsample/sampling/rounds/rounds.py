@@ -24,7 +24,7 @@ import torch
 from ...numerics import NEG_INF, mass_shift, row_chunks
 from .. import processors as P
 from ..draw import emitted_tokens, local_gumbel_draw
-from ..topp import _radix_search
+from ..thresholds import _radix_search
 from ..torch_backend import front, note_memory
 from . import summary, topp_band, topp_band_lp
 from .packing import Packet, best_part, take

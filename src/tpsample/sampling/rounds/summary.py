@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks
-from ..filters import local_top_values, masses
-from ..topp import threshold_from_sorted
+from ..thresholds import local_top_values, masses, threshold_from_sorted
 from . import topp_band
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask
 from ..logprobs import sort_value_desc_id_asc
-from ..topp import threshold_from_sorted
+from ..thresholds import threshold_from_sorted
 from . import topp_band
 
 JSTAR_LEN = 64
