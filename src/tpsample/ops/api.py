@@ -150,7 +150,8 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
     filters). bitmask: optional int32 [rows, ceil(V/32)] grammar mask (bit = allowed), applied
     as the Sampler applies it (after counting NaNs; the guard keeps to it).
     group: the TP process group (None: TP = 1); then logits are this rank's shard and vocab_size
-    is required. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel".
+    is required. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel" ("auto": the
+    cost model the Sampler uses, with its static constants for the device kind).
     validate: also check the value ranges of device tensors (one reduction and one device read;
     not inside torch.compile or CUDA-graph capture). Scalars and CPU tensors are always checked.
     """
@@ -175,7 +176,7 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
         tokens, fallback, nans, ids, vals, ranks = out
         return Sampled(tokens, None if lp < 0 else LogprobsOutput(ids, vals, ranks), nans, fallback)
     table = _host_table(p, host, vocab, lp, processed)
-    chosen = choose(strategy, g.size, rows, logits.device)
+    chosen = choose(strategy, table, g.size, vocab, logits.device, np.ones(rows, np.int64))
     block, logprobs = sample_tp(logits, table, chosen, Collectives(g), vocab, bitmask=bitmask,
                                 width=lp + 1 if lp >= 0 else 0)
     return Sampled(block[:, 0].contiguous(), logprobs, block[:, 3].contiguous(), block[:, 4] > 0)
@@ -223,7 +224,7 @@ def verify_drafts(logits: torch.Tensor, draft_token_ids, *, temperature, top_k=N
     p, host = _row_params(op, drafts.shape[0], logits.device, validate, temperature=temperature, top_k=top_k,
                           top_p=top_p, min_p=min_p, seeds=seeds, positions=positions)
     table = _host_table(p, host, vocab, -1, False)
-    chosen = choose(strategy, g.size, drafts.shape[0], logits.device)
+    chosen = choose(strategy, table, g.size, vocab, logits.device, 1 + (drafts >= 0).sum(axis=1))
     b, _ = sample_tp(logits, table, chosen, Collectives(g), vocab, drafts=drafts, draft_probs=draft_probs)
     m = b.shape[1] - 4
     return Verified(b[:, :m].contiguous(), b[:, m].contiguous(), b[:, m + 1].contiguous(), b[:, m + 3].contiguous())

@@ -10,7 +10,7 @@
   to their owners in one all-to-all, vocab_parallel runs the round pipeline on the shards.
   Every rank gets the same result, equal bitwise to TP = 1. Rows that verify drafts come from
   the plan (`drafts`), as in `Sampler.plan`.
-- `choose(strategy, tp, rows, device)`: what "auto" means here (see `choose`).
+- `choose(strategy, table, tp, vocab_size, device, rows_per_req)`: "auto" as the Sampler means it.
 - `needs_host_values(x, table)`: whether the torch pipeline will decide from the rows' host
   parameters (the caller then reads device tensors once; the kernels need only their hints).
 Never imports the Sampler.
@@ -24,6 +24,8 @@ import torch
 
 from ..parallel.collectives import Collectives
 from ..kernels.config import kernels_wanted
+from ..parallel import auto
+from ..parallel.auto import Features, static_costs
 from ..parallel.plan import build_plan
 from ..parallel.shard import vocab_shard
 from ..parallel.strategies import BY_NAME, Step
@@ -32,17 +34,20 @@ from ..sampling.reducer import LocalRows
 from .table import RowTable, identity_view
 
 
-def choose(strategy: str, tp: int, rows: int, device: torch.device) -> str:
-    """"auto": TP = 1 -> replicated (every strategy is the same computation there); at TP > 1,
-    batch_sharded on CUDA when every rank owns a row (full rows run the fused kernels there,
-    while shards run torch ops), else vocab_parallel (no rank ever holds a full row: the least
-    memory and the fewest bytes moved). The Sampler's measured `auto` is not used: it needs
-    calibration collectives and state."""
+def choose(strategy: str, table: RowTable, tp: int, vocab_size: int, device: torch.device,
+           rows_per_req: np.ndarray) -> str:
+    """"auto" means what it means for the Sampler: the strategy the cost model of
+    `parallel.auto` estimates fastest for this batch's feature class, rows and owners
+    (request r is owned by rank r % TP). The Sampler measures the model's constants on the real
+    group on first use; a stateless call has no state to keep them in, so it takes the static
+    constants of the device kind (those the Sampler starts from)."""
     if strategy != "auto":
         return strategy
-    if tp == 1:
-        return "replicated"
-    return "batch_sharded" if device.type == "cuda" and rows >= tp else "vocab_parallel"
+    h = table.host
+    f = Features.of(h["temperature"], h["top_k"], h["top_p"], h["min_p"], h["num_logprobs"], h["processed"],
+                    bool((rows_per_req > 1).any()))
+    owner_rows = max(int(rows_per_req[r::tp].sum()) for r in range(tp))
+    return auto.choose(int(rows_per_req.sum()), owner_rows, vocab_size, tp, f, *static_costs(device.type, f))
 
 
 def kernel_path(x: torch.Tensor) -> bool:
