@@ -29,7 +29,8 @@ from ..parallel.auto import Features, static_costs
 from ..parallel.plan import build_plan
 from ..parallel.shard import vocab_shard
 from ..parallel.strategies import BY_NAME, Step
-from ..sampling.recipe import SampleArgs, padded_logprobs, sample_rows
+from ..sampling.logprobs import padded_logprobs
+from ..sampling.recipe import SampleArgs, sample_rows
 from ..sampling.reducer import LocalRows
 from .table import RowTable, identity_view
 
@@ -68,7 +69,7 @@ def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor
     b = table.row_batch(view, dev)
     res = sample_rows(SampleArgs(x, 0, b, LocalRows(), bitmask))
     if width:
-        ids, vals, ranks = padded_logprobs(res, n, width, dev)
+        ids, vals, ranks = padded_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), n, width, dev)
     else:
         ids = torch.empty((n, 0), dtype=torch.int64, device=dev)
         vals = torch.empty((n, 0), dtype=torch.float32, device=dev)

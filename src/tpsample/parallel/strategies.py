@@ -29,8 +29,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..sampling.logprobs import padded_logprobs
 from ..sampling.output import LogprobsOutput
-from ..sampling.recipe import RowResult, SampleArgs, padded_logprobs
+from ..sampling.recipe import RowResult, SampleArgs
 from ..sampling.reducer import LocalRows, best_of_parts
 from ..state.store import RequestStore
 from .collectives import Collectives
@@ -165,7 +166,8 @@ def request_results(res: RowResult, plan: SamplingPlan, req_indices: Optional[np
         block = assemble(res.emitted, res.accepted, res.fallback, res.num_nans, None, plan.max_rows)
     lp = None
     if plan.logprobs_width > 0:
-        lp = LogprobsOutput(*padded_logprobs(res, res.emitted.shape[0], plan.logprobs_width, dev))
+        lp = LogprobsOutput(*padded_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), res.emitted.shape[0],
+                                             plan.logprobs_width, dev))
     return block, lp
 
 

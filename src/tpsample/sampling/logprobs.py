@@ -2,7 +2,9 @@
 
 From a row (raw or processed, any column range): the row-wide log-sum-exp, the chosen token's
 logprob, its rank (1 + number of tokens with a strictly larger logprob) and the top-n
-(ties -> lower id). Each is a local reduction plus one reducer call.
+(ties -> lower id). Each is a local reduction plus one reducer call. The layout helpers at the
+end (`empty_logprobs`, `put_logprobs`, `padded_logprobs`, `blank_unasked`) are the one place that
+pads and merges per-row logprob results, for every backend and strategy.
 """
 from __future__ import annotations
 
@@ -94,3 +96,40 @@ def finite_logprobs(ids: torch.Tensor, values: torch.Tensor, lse: torch.Tensor) 
     vals = torch.where(inf_row, torch.where(values == float("inf"), 0.0, NEG_INF), vals)
     ok = (ids >= 0) & (lse > NEG_INF)
     return torch.where(ok, vals, torch.full_like(vals, NEG_INF)).float()
+
+
+def empty_logprobs(rows: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [rows, width] -1, logprobs [rows, width] -inf, ranks [rows] 0): rows without logprobs."""
+    return (torch.full((rows, width), -1, dtype=torch.int64, device=device),
+            torch.full((rows, width), NEG_INF, device=device),
+            torch.zeros(rows, dtype=torch.int64, device=device))
+
+
+def put_logprobs(dst: tuple, rows, src: tuple) -> None:
+    """dst's rows `rows` (all when None) take src's logprobs (ids, logprobs, ranks), in src's
+    first columns."""
+    width = src[0].shape[1]
+    if rows is None:
+        dst[0][:, :width], dst[1][:, :width], dst[2][:] = src
+    else:
+        dst[0][rows, :width], dst[1][rows, :width], dst[2][rows] = src
+
+
+def padded_logprobs(lp: tuple, rows: int, width: int, device) -> tuple:
+    """Logprobs (ids, logprobs, ranks; all None: none) padded to `width` columns."""
+    if lp[0] is not None and lp[0].shape[1] == width:
+        return lp
+    out = empty_logprobs(rows, width, device)
+    if lp[0] is not None:
+        put_logprobs(out, None, lp)
+    return out
+
+
+def blank_unasked(lp: tuple, num_logprobs: torch.Tensor) -> tuple:
+    """Rows asking fewer top entries than the width holds: their extra columns blanked, in place."""
+    ids, vals, _ = lp
+    extra = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) > \
+        num_logprobs.to(ids.device).clamp(min=0).unsqueeze(1)
+    ids.masked_fill_(extra, -1)
+    vals.masked_fill_(extra, NEG_INF)
+    return lp

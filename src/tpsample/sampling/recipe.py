@@ -27,9 +27,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..numerics import NEG_INF
 from ..state.rows import RowBatch
 from .kernel_backend import KERNELS, kernels_apply
+from .logprobs import empty_logprobs, put_logprobs
 from .reducer import LocalRows
 from .rounds.rounds import ROUNDS
 from .torch_backend import TORCH
@@ -129,29 +129,3 @@ def _kernels_then_torch(a: SampleArgs) -> RowResult:
                                                                        1 + a.batch.logprobs_max, a.x.device)
             put_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), idx, (part.lp_ids, part.lp_vals, part.lp_ranks))
     return res
-
-
-def empty_logprobs(rows: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids [rows, width] -1, logprobs [rows, width] -inf, ranks [rows] 0): rows without logprobs."""
-    return (torch.full((rows, width), -1, dtype=torch.int64, device=device),
-            torch.full((rows, width), NEG_INF, device=device),
-            torch.zeros(rows, dtype=torch.int64, device=device))
-
-
-def put_logprobs(dst: tuple, rows: Optional[torch.Tensor], src: tuple) -> None:
-    """dst's rows `rows` (all when None) take src's logprobs, in src's first columns."""
-    width = src[0].shape[1]
-    if rows is None:
-        dst[0][:, :width], dst[1][:, :width], dst[2][:] = src
-    else:
-        dst[0][rows, :width], dst[1][rows, :width], dst[2][rows] = src
-
-
-def padded_logprobs(res: RowResult, rows: int, width: int, device) -> tuple:
-    """The result's logprobs padded to `width` columns (rows without logprobs: empty)."""
-    if res.lp_ids is not None and res.lp_ids.shape[1] == width:
-        return res.lp_ids, res.lp_vals, res.lp_ranks
-    out = empty_logprobs(rows, width, device)
-    if res.lp_ids is not None:
-        put_logprobs(out, None, (res.lp_ids, res.lp_vals, res.lp_ranks))
-    return out

@@ -24,7 +24,7 @@ from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
-from .logprobs import row_logprobs
+from .logprobs import blank_unasked, empty_logprobs, put_logprobs, row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
 from .thresholds import min_p_threshold, top_k_threshold, top_p_threshold
@@ -145,21 +145,12 @@ def _raw_logprob_rows(l: torch.Tensor, b: RowBatch):
 
 def _logprobs(emitted: torch.Tensor, l: torch.Tensor, raw, b: RowBatch, col_start: int, red) -> tuple:
     n = b.logprobs_max
-    rows_total = b.num_rows
-    ids = torch.full((rows_total, 1 + n), -1, dtype=torch.int64, device=l.device)
-    vals = torch.full((rows_total, 1 + n), NEG_INF, device=l.device)
-    ranks = torch.zeros(rows_total, dtype=torch.int64, device=l.device)
+    out = empty_logprobs(b.num_rows, 1 + n, l.device)
     parts = []
     if raw is not None:
         parts.append((raw[0], raw[1]))
     if b.lp_proc_rows is not None:
         parts.append((b.lp_proc_rows, l.index_select(0, b.lp_proc_rows)))
     for rows, block in parts:
-        i, v, r = row_logprobs(block, emitted[rows], n, col_start, red)
-        ids[rows], vals[rows], ranks[rows] = i, v, r
-    # rows asking fewer than n top entries: blank the extra columns
-    per_row = b.num_logprobs.to(l.device).clamp(min=0)
-    extra = torch.arange(1 + n, device=l.device).unsqueeze(0) > per_row.unsqueeze(1)
-    ids.masked_fill_(extra, -1)
-    vals.masked_fill_(extra, NEG_INF)
-    return ids, vals, ranks
+        put_logprobs(out, rows, row_logprobs(block, emitted[rows], n, col_start, red))
+    return blank_unasked(out, b.num_logprobs)

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...numerics import NEG_INF
-from ..logprobs import finite_logprobs, local_top_n, sort_value_desc_id_asc
+from ..logprobs import blank_unasked, empty_logprobs, finite_logprobs, local_top_n, put_logprobs, sort_value_desc_id_asc
 from . import topp_band_lp
 from .packing import Packet
 
@@ -108,9 +108,6 @@ def logprob_round(lp: LpRows, emitted: torch.Tensor, vx: torch.Tensor, num_logpr
     tok = emitted[rows]
     ids_m = torch.cat([tok.unsqueeze(1), top_i[:, :n]], dim=1)
     vals_m = finite_logprobs(ids_m, torch.cat([vx[rows].unsqueeze(1), top_v[:, :n]], dim=1), lse)
-    ids = torch.full((rows_total, 1 + n), -1, dtype=torch.int64, device=dev)
-    vals = torch.full((rows_total, 1 + n), NEG_INF, device=dev)
-    ranks = torch.zeros(rows_total, dtype=torch.int64, device=dev)
-    ids[rows], vals[rows], ranks[rows] = ids_m, vals_m, ranks_m
-    extra = torch.arange(1 + n, device=dev).unsqueeze(0) > num_logprobs.to(dev).clamp(min=0).unsqueeze(1)
-    return ids.masked_fill_(extra, -1), vals.masked_fill_(extra, NEG_INF), ranks
+    out = empty_logprobs(rows_total, 1 + n, dev)
+    put_logprobs(out, rows, (ids_m, vals_m, ranks_m))
+    return blank_unasked(out, num_logprobs)
