@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import types
@@ -128,17 +129,21 @@ def test_penalties_in_torch_match_the_semantics_repetition_on_seen_tokens_freque
 
 def test_a_build_that_outlives_its_time_is_killed_with_the_compilers_it_started(tmp_path):
     pid_file = tmp_path / "grandchild"
-    code = (f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    code = (f"import subprocess, time; p = subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL, "
+            f"stderr=subprocess.DEVNULL); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)")
     status = flashinfer._build_one(code, 3.0)
     assert status == {"ok": False, "why": "not built within 3 s (killed)", "seconds": 3}
     grandchild = int(pid_file.read_text())
-    for _ in range(50):
-        if not _running(grandchild):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the build's own child process was left running")
+    try:
+        for _ in range(50):
+            if not _running(grandchild):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the build's own child process was left running")
+    finally:
+        if _running(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:
