@@ -25,9 +25,9 @@
 #
 # The two device calls (repository root; .whl/ holds copies of ../shared/wheels/
 # apache_tvm_ffi-0.1.11-cp312-abi3-*.whl and flashinfer074_trim.tgz, about 31 MB):
-#   1. command: scripts/gpu_run.sh bench     carry: [".whl"]   timeout_s: 600
-#   2. command: scripts/gpu_run.sh checks    carry: []         timeout_s: 600
-# Expected: bench ~8-9.5 min (FlashInfer build <= 300 s beside tp <= 270 s, then compare
+#   1. command: bash scripts/gpu_run.sh bench     carry: [".whl"]   timeout_s: 600
+#   2. command: bash scripts/gpu_run.sh checks    carry: []         timeout_s: 600
+# Expected: bench ~8-9.5 min (the FlashInfer build, <= 270 s, beside tp, <= 270 s; then compare,
 # ~3-4 min); checks ~7-9.5 min (gpu-check ~1, tests ~4-6, engine ~3; engine-tests if time is left).
 set -uo pipefail
 DRY=0
@@ -94,7 +94,7 @@ phase() {
   case "$1" in
     flashinfer)   # in the background: the next phases run while nvcc compiles
       FI_STARTED=1
-      local fi_cmd=("$PY" -m tpsample.bench.flashinfer --timeout $(( $(left) < 300 ? $(left) : 300 ))
+      local fi_cmd=("$PY" -m tpsample.bench.flashinfer --timeout $(( $(left) < 270 ? $(left) : 270 ))
                     --out "$OUT/flashinfer_build.json")
       if [ "$DRY" = 1 ]; then echo "phase flashinfer (background): $(printf '%q ' "${fi_cmd[@]}")"; return; fi
       say "== phase flashinfer (background): ${fi_cmd[*]}"
@@ -112,22 +112,22 @@ phase() {
                     status=(--flashinfer-status "$OUT/flashinfer_build.json")
                   fi
                   run compare 400 90 "${TPS[@]}" bench sampler --compare --rows 32 256 1024 --vocab 151936 \
-                      --steps 21 "${status[@]}" --plot '' --out "$OUT/compare.json" ;;
+                      --steps 21 ${status[@]+"${status[@]}"} --plot '' --out "$OUT/compare.json" ;;
     gpu-check)    run gpu-check 120 30 "$PY" -m tpsample.kernels.gpu_check ;;
     tests)        run tests-kernels 240 60 env OUT="$OUT/tests" PHASE_TIMEOUT=230 PYTEST_WORKERS=4 \
-                      scripts/gpu_tests.sh kernels
+                      bash scripts/gpu_tests.sh kernels
                   run tests-sampler 240 60 env OUT="$OUT/tests" PHASE_TIMEOUT=200 PYTEST_WORKERS=4 \
-                      scripts/gpu_tests.sh sampler ;;
+                      bash scripts/gpu_tests.sh sampler ;;
     engine)       run engine 240 120 "${TPS[@]}" bench engine --preset qwen2-1.5b --device cuda \
                       --strategies replicated,batch_sharded,vocab_parallel,auto --out "$OUT/engine.json" ;;
     engine-tests) run engine-tests 300 60 env OUT="$OUT/tests" PHASE_TIMEOUT=290 \
-                      scripts/gpu_tests.sh engine ;;     # one process: the engine sizes its cache from free memory
+                      bash scripts/gpu_tests.sh engine ;;     # one process: the engine sizes its cache from free memory
     *) echo "unknown phase $1 (flashinfer tp compare gpu-check tests engine engine-tests)" >&2; exit 2 ;;
   esac
 }
 
 if [ "$DRY" = 0 ]; then
-  mkdir -p "$OUT"
+  mkdir -p "$OUT" "$FLASHINFER_WORKSPACE_BASE"
   : > "$SUMMARY"
   { echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) gpu_run.sh ${phases[*]} (budget ${BUDGET_S}s)"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1

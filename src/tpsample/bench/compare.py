@@ -70,9 +70,10 @@ def _column(setup, case, logits, iters, device, phase, refill_us) -> dict | str 
     return row
 
 
-def _warm_up(case, rows: int, vocab: int, device, calls: int = 50) -> None:
+def _warm_up(case, rows: int, vocab: int, device) -> None:
     """Untimed calls before the first case (GPU clocks, host caches, the allocator): otherwise
     the first column measured pays for them."""
+    calls = 50 if measure.is_cuda(device) else 2
     logits = compare_columns.Logits.randn(rows, vocab, device, seed=0)
     timed = compare_columns.replay_off(case, logits)
     for _ in range(calls):

@@ -30,6 +30,8 @@ from . import measure
 from .report import finish, metadata, write
 from .workloads import WORKLOADS
 
+DEVICE_STEPS = 3          # profiled steps per case (every rank the same ones)
+
 
 @functools.lru_cache(maxsize=4)
 def _full_logits(kind: str, rows: int, vocab: int, seed: int) -> torch.Tensor:
@@ -104,7 +106,7 @@ def _shape(group, cases, steps, device) -> list[dict]:
     for _ in range(steps):
         for run in runs:
             run.step(True)
-    return [run.result(min(steps, 3)) for run in runs]
+    return [run.result(DEVICE_STEPS) for run in runs]
 
 
 def _rank_worker(group, cases, steps, device, threads, progress=None):
