@@ -105,7 +105,8 @@ phase() {
                       --plot '' --out "$OUT/tp.json" ;;
     compare)      if [ -n "$FI_PID" ]; then
                     say "== waiting for the FlashInfer build"; wait "$FI_PID"; FI_PID=""
-                    echo "flashinfer $(tr '\n' ' ' < "$OUT/flashinfer_build.json" 2>/dev/null | tr -s ' ')" >> "$SUMMARY"
+                    echo "flashinfer $(tr '\n' ' ' < "$OUT/flashinfer_build.json" 2>/dev/null | tr -s ' ')" \
+                      >> "$SUMMARY"
                   fi
                   local status=()
                   if [ -f "$OUT/flashinfer_build.json" ] || { [ "$DRY" = 1 ] && [ "$FI_STARTED" = 1 ]; }; then

@@ -148,11 +148,11 @@ def table(report: dict):
                     "held\nMiB", "repl."], left=("case", "column"))
     best = _anchor_ratio(report["results"])
     for r in report["results"]:
-        anchor = best.get((r["case"], r["rows"]))
-        ratio = r.get("wall_us", 0) / anchor if anchor and r["impl"].startswith("tpsample") else None
-        t.add_row(r["case"], str(r["rows"]), compare_columns.SHORT.get(r["impl"], r["impl"]), _fmt(r.get("wall_us"), ".0f"), _fmt(ratio, ".2f"),
-                  _fmt(r.get("device_us"), ".0f"), _fmt(r.get("host_us"), ".0f"), _fmt(r.get("extra_mib"), ".2f"),
-                  _fmt(r.get("held_mib"), ".2f"), _fmt(r.get("replayed"), ".2f"))
+        anchor, wall = best.get((r["case"], r["rows"])), r.get("wall_us")
+        ratio = wall / anchor if anchor and wall is not None and r["impl"].startswith("tpsample") else None
+        t.add_row(r["case"], str(r["rows"]), compare_columns.SHORT.get(r["impl"], r["impl"]), _fmt(wall, ".0f"),
+                  _fmt(ratio, ".2f"), _fmt(r.get("device_us"), ".0f"), _fmt(r.get("host_us"), ".0f"),
+                  _fmt(r.get("extra_mib"), ".2f"), _fmt(r.get("held_mib"), ".2f"), _fmt(r.get("replayed"), ".2f"))
     return t
 
 

@@ -65,7 +65,8 @@ def _sampler_parser(what) -> None:
                    help=f"sampling parameters of the requests, from {', '.join(WORKLOADS)}; 'classes' for every "
                         f"feature class ({' '.join(CLASSES)})")
     p.add_argument("--logits", choices=["randn", "zipf"], nargs="+", default=["randn"],
-                   help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled); several run in turn")
+                   help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled); several run in "
+                        "turn")
     p.add_argument("--threads", metavar="N", type=int_at_least(1), default=1,
                    help="torch threads per rank, the same at every TP (TP = 1 included)")
     p.add_argument("--plot", metavar="PATH", default=None,
@@ -93,7 +94,8 @@ def _check_sampler(args) -> None:
     args.vocab = args.vocab or ([151936] if compare else [32000, 151936])
     args.steps = args.steps or (21 if compare else 3)
     if "classes" in args.workload:
-        args.workload = list(dict.fromkeys(w for name in args.workload for w in (CLASSES if name == "classes" else [name])))
+        named = (CLASSES if name == "classes" else [name] for name in args.workload)
+        args.workload = list(dict.fromkeys(w for names in named for w in names))
     if args.plot is None:
         args.plot = "bench_sampler_compare.png" if compare else "bench_sampler.png"
     for path, option in ((args.plot, "--plot"), (args.out, "--out")):
