@@ -169,3 +169,11 @@ def test_a_status_written_ahead_is_read_back_with_its_build_environment(tmp_path
     monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)
     assert flashinfer.load_status(str(path)) == status
     assert os.environ["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"     # the loaded modules are the ones built
+
+
+def test_an_unreadable_build_status_means_no_flashinfer_column_and_says_why(tmp_path):
+    path = tmp_path / "status.json"
+    path.write_text('{"version": "0.7.4", "modu')                       # cut short
+    status = flashinfer.load_status(str(path))
+    assert {m["why"] for m in status["modules"].values()} == {f"no usable build status in {path} (JSONDecodeError)"}
+    assert not any(m["ok"] for m in status["modules"].values())

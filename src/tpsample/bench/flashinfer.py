@@ -103,10 +103,15 @@ def build(timeout_s: float) -> dict:
 
 def load_status(path: str) -> dict:
     """A status `build` wrote earlier (`python -m tpsample.bench.flashinfer --out PATH`): its
-    modules load from FlashInfer's cache, those it did not build are not tried again."""
+    modules load from FlashInfer's cache, those it did not build are not tried again (none is,
+    when the file cannot be read)."""
     import json
-    with open(path) as f:
-        status = json.load(f)
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except (OSError, ValueError) as e:
+        why = f"no usable build status in {path} ({type(e).__name__})"
+        return {"version": version(), "env": {}, "modules": {name: {"ok": False, "why": why} for name in MODULES}}
     os.environ.update(status.get("env", {}))
     return status
 
