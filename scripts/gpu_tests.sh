@@ -13,17 +13,17 @@
 #          on the GPU, and TP=2 runs on two GPUs over NCCL when the machine has them.
 # nccl:    every strategy over NCCL, one rank per GPU (tests/test_nccl.py); only with 2+ GPUs.
 #
-# Writes $OUT/gpu_tests.log (everything), $OUT/junit_<phase>.xml and $OUT/summary.txt (one line
-# per phase: name, exit code, seconds). Missing optional packages (xgrammar, hypothesis) skip the
-# tests that need them. Exit code: 0 when every phase that ran passed, else 1; 3 if pytest is absent.
-# A phase has PHASE_TIMEOUT seconds (default 280): the device tool allows 10 minutes per command,
-# so run `kernels sampler` and `engine nccl` as two commands when all four do not fit.
+# Appends to $OUT/gpu_tests.log (everything, one line per test) and $OUT/summary.txt (one line per
+# phase: name, exit code, seconds), and writes $OUT/junit_<phase>.xml. Missing optional packages
+# (xgrammar, hypothesis) skip the tests that need them. Exit code: 0 when every phase that ran
+# passed, else 1; 3 if pytest is absent. A phase has PHASE_TIMEOUT seconds (default 280);
+# PYTEST_WORKERS=N runs a phase's tests in N processes (pytest-xdist; they share the GPU).
+# scripts/gpu_run.sh runs these phases inside its device calls.
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_tests.log"
 SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep NVLink multicast off
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false
@@ -48,7 +48,7 @@ for name in ("triton", "transformers", "safetensors", "xgrammar", "hypothesis", 
     except Exception as e:  # absent or broken: the tests that need it skip
         print(f"{name} absent ({type(e).__name__})")
 EOF
-} 2>&1 | tee "$LOG"
+} 2>&1 | tee -a "$LOG"
 
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   echo "pytest is not installed here: carry its wheel (pip install --no-index --find-links DIR pytest)" | tee -a "$LOG"
@@ -61,14 +61,16 @@ if [ "$NGPU" -lt 1 ]; then
 fi
 IGNORE=()
 "$PY" -c "import hypothesis" 2>/dev/null || IGNORE+=(--ignore=tests/test_property_vocab_split.py)
+XDIST=()
+if [ -n "${PYTEST_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "$PYTEST_WORKERS"); fi
 
 failed=0
 run_phase() {   # name, then pytest arguments
   local name=$1; shift
   local start=$SECONDS
   echo "== phase $name: pytest $*" | tee -a "$LOG"
-  timeout "$PHASE_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" \
-      ${IGNORE[@]+"${IGNORE[@]}"} "$@" 2>&1 | tee -a "$LOG"
+  timeout "$PHASE_TIMEOUT" "$PY" -m pytest -v -rs -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" \
+      ${XDIST[@]+"${XDIST[@]}"} ${IGNORE[@]+"${IGNORE[@]}"} "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 124 ] && echo "phase $name: timed out after ${PHASE_TIMEOUT}s" | tee -a "$LOG"
   [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && failed=1          # 5: nothing collected (all skipped)

@@ -16,6 +16,7 @@ import random
 import tempfile
 import time
 
+from tpsample.bench.report import finish
 from tpsample.parallel.names import REPORT_ORDER as STRATEGIES
 from tpsample.testing.toy import QWEN2_VOCAB, make_random_checkpoint
 
@@ -105,7 +106,8 @@ def save_plot(rows: list[dict], path: str) -> None:
 
 
 def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes: list[int], device, dtype,
-              prompt_len: int, max_tokens: int, kv_cache_tokens, cpu_memory_bytes: int, plot: str) -> dict:
+              prompt_len: int, max_tokens: int, kv_cache_tokens, cpu_memory_bytes: int, plot: str,
+              out: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = model or make_random_checkpoint(tmp, family="qwen2", vocab_size=QWEN2_VOCAB, hidden_size=64,
                                                  num_layers=2, tie_word_embeddings=True, init_std=0.5)
@@ -116,12 +118,11 @@ def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes:
     save_plot(rows, plot)
     summary = {"bench": "engine", "tp": tp, "device": device or "auto", "prompt_len": prompt_len,
                "max_tokens": max_tokens, "plot": plot, "results": rows}
-    print(json.dumps(summary))
-    return summary
+    return finish(summary, out, device)
 
 
 def run_preset(name: str, *, strategies: list[str] | None, device: str | None, hf_reference: bool | None,
-               tp: int | None = None) -> dict:
+               tp: int | None = None, out: str | None = None) -> dict:
     """One batch of the preset per strategy (each in a fresh engine, closed before the next)."""
     from rich.progress import Progress
 
@@ -154,8 +155,7 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     summary = {"bench": "engine", "preset": name, "tp": tp, "device": device, "num_requests": preset.num_requests,
                "prompt_len": preset.prompt_len, "max_tokens": preset.max_tokens, "gpu_memory_utilization": util,
                "copy_bytes_per_s": bandwidth, "hf_generate_tokens_per_s": reference, "results": rows}
-    print(json.dumps(summary))
-    return summary
+    return finish(summary, out, device)
 
 
 _MARK = "@@bench-result "

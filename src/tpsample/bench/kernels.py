@@ -17,6 +17,8 @@ import statistics
 
 import torch
 
+from .report import finish
+
 CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
     "greedy": (0.0, 0, 1.0, 0.0, 0),
     "temperature": (0.8, 0, 1.0, 0.0, 0),
@@ -177,7 +179,8 @@ def run_bench_kernels(args) -> list:
                     for config in args.configs:
                         out.extend(run_case(rows, vocab, dt, shape, config, args, bw))
     print_table(out, bw)
-    print(json.dumps({"copy_bw_gbps": round(bw, 1), "device": torch.cuda.get_device_name(args.device), "results": out}))
+    finish({"bench": "kernels", "copy_bw_gbps": round(bw, 1), "device": torch.cuda.get_device_name(args.device),
+            "results": out}, getattr(args, "out", None), args.device)
     return out
 
 

@@ -4,7 +4,7 @@
 wall_us, extra_mib; see `bench.compare.run`) as one small panel per case, wall time per call
 (us, log scale) against rows, one line per implementation, and a full-width panel of the extra
 memory each implementation needs at the largest row count (the most over the cases, log scale).
-`plot_tp(results, path)`: `bench sampler` results (strategy, tp, rows, vocab, workload,
+`plot_tp(results, path)`: `bench sampler` results (strategy, tp, rows, vocab, workload, logits,
 peak_bytes, bytes) as per-rank peak sampler memory and bytes moved against TP per fixed strategy.
 Both write a PNG; matplotlib is imported on first use, with the Agg backend (no display).
 
@@ -18,21 +18,29 @@ import json
 import math
 import sys
 
-# implementation -> (label, colour, marker), in legend order
+from .workloads import CASES
+
+# implementation -> (label, colour, marker), in legend order (the last ones: names of older reports)
 IMPLS = {
+    "tpsample, capture + replay": ("tpsample, capture + replay", "#1f77b4", "o"),
+    "tpsample, auto replay": ("tpsample, automatic replay", "#17becf", "P"),
+    "tpsample, replay off": ("tpsample, eager (replay off)", "#2ca02c", "s"),
+    "tpsample, new buffer": ("tpsample, a new buffer each call", "#98df8a", "v"),
+    "flashinfer": ("FlashInfer", "#d62728", "D"),
+    "flashinfer, top_k_max=50": ("FlashInfer, top_k_max=50", "#ff9896", "d"),
+    "argmax().tolist()": ("argmax().tolist()", "#ff7f0e", "X"),
     "tpsample graph": ("tpsample, CUDA graph", "#1f77b4", "o"),
     "tpsample eager": ("tpsample, eager", "#2ca02c", "s"),
     "tpsample eager, new buffer": ("tpsample, eager, new buffer", "#98df8a", "v"),
     "tpsample ops": ("tpsample ops (stateless)", "#9467bd", "*"),
-    "flashinfer": ("FlashInfer", "#d62728", "D"),
     "torch_sort": ("torch sort", "#7f7f7f", "^"),
     "torch_multinomial": ("torch multinomial", "#8c564b", "P"),
     "argmax": ("argmax().tolist()", "#ff7f0e", "X"),
 }
+# case -> title, for reports whose rows carry no "title" (older ones)
 CASE_TITLES = {
-    "greedy": "greedy", "temperature": "temperature 0.8", "topk_topp": "top-k 50 + top-p 0.9",
-    "topp": "top-p 0.9", "topk": "top-k 50", "minp": "min-p 0.05", "topp_minp": "T 0.7, top-p 0.9 + min-p 0.05",
-    "topk_topp_lp5": "top-k + top-p, logprobs 5", "topk_topp_pen": "top-k + top-p, penalties",
+    **{c.name: c.title for c in CASES},
+    "topp_minp": "T 0.7, top-p 0.9 + min-p 0.05", "topk_topp_pen": "top-k + top-p, penalties",
 }
 STRATEGY_STYLE = {"replicated": ("#ff7f0e", "o"), "batch_sharded": ("#1f77b4", "s"),
                   "vocab_parallel": ("#2ca02c", "D")}
@@ -65,9 +73,16 @@ def _plain_log_axis(axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
 
 
+def _title(results: list[dict], case: str) -> str:
+    for r in results:
+        if r["case"] == case and r.get("title"):
+            return r["title"]
+    return CASE_TITLES.get(case, case)
+
+
 def _latency_panel(ax, results: list[dict], case: str) -> None:
     """Wall us against rows for every implementation of one case."""
-    mine = [r for r in results if r["case"] == case]
+    mine = [r for r in results if r["case"] == case and r.get("wall_us") is not None]
     for impl in _ordered(r["impl"] for r in mine):
         pts = sorted((r["rows"], r["wall_us"]) for r in mine if r["impl"] == impl)
         label, colour, marker = _style(impl)
@@ -79,15 +94,20 @@ def _latency_panel(ax, results: list[dict], case: str) -> None:
     ax.set_xticks(rows, [f"{n:,}" for n in rows])
     ax.minorticks_off()
     _plain_log_axis(ax.yaxis)
-    ax.set_title(CASE_TITLES.get(case, case), fontsize=10)
+    ax.set_title(_title(results, case), fontsize=10)
     ax.grid(alpha=0.3, which="both")
 
 
 def _memory_panel(ax, results: list[dict]) -> None:
     """Horizontal bars: each implementation's largest extra memory over the cases at the largest
-    row count, log scale from 0.001 MiB; each bar says its value and case."""
+    row count, log scale from 0.001 MiB; each bar says its value and case (a report without
+    memory figures, from a CPU run, says so instead)."""
     rows = max(r["rows"] for r in results)
-    at = [r for r in results if r["rows"] == rows]
+    at = [r for r in results if r["rows"] == rows and r.get("extra_mib") is not None]
+    if not at:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no memory figures in this report (CPU run)", ha="center", va="center")
+        return
     impls = _ordered(r["impl"] for r in at)
     worst = [max((r for r in at if r["impl"] == impl), key=lambda r: r["extra_mib"]) for impl in impls]
     floor, top = 1e-3, max([r["extra_mib"] for r in worst] + [1.0])
@@ -98,8 +118,7 @@ def _memory_panel(ax, results: list[dict]) -> None:
         if value < 0.005:
             text = "0 MiB in every case"
         else:
-            text = (f"{value:,.0f}" if value >= 10 else f"{value:.2f}") + \
-                f" MiB ({CASE_TITLES.get(r['case'], r['case'])})"
+            text = (f"{value:,.0f}" if value >= 10 else f"{value:.2f}") + f" MiB ({_title(results, r['case'])})"
         inside = value >= 1                 # a long bar holds its label; a short one has it after
         ax.text(value / 1.3 if inside else max(value, floor) * 1.3, y, text, va="center", fontsize=8,
                 ha="right" if inside else "left", color="white" if inside else "black")
@@ -155,11 +174,13 @@ def plot_compare(results: list[dict], path: str, title: str | None = None) -> No
 
 def plot_tp(results: list[dict], path: str) -> None:
     """Write the TP PNG to path: per-rank peak sampler memory (MiB) and bytes moved per rank
-    (MiB) against TP for each fixed strategy, at the largest rows x vocab of the first workload."""
+    (MiB) against TP for each fixed strategy, at the largest rows x vocab of the first workload
+    and logits kind."""
     plt = _pyplot()
     rows, vocab = max(r["rows"] for r in results), max(r["vocab"] for r in results)
-    workload = results[0]["workload"]
-    sel = [r for r in results if (r["rows"], r["vocab"], r["workload"]) == (rows, vocab, workload)]
+    workload, kind = results[0]["workload"], results[0].get("logits")
+    sel = [r for r in results
+           if (r["rows"], r["vocab"], r["workload"], r.get("logits")) == (rows, vocab, workload, kind)]
     tps = sorted({r["tp"] for r in sel})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.3), layout="constrained")
     for strategy, (colour, marker) in STRATEGY_STYLE.items():

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
-from ..bench.workloads import WORKLOADS
+from ..bench.workloads import CASE_NAMES, CLASSES, WORKLOADS
 from ..parallel import names
 from .args import (
     UsageError,
@@ -40,48 +41,71 @@ def register(sub) -> None:
     _serve_parser(what)
 
 
-COMPARE_CASES = ("greedy", "temperature", "topk_topp", "topp", "topk", "minp", "topp_minp", "topk_topp_lp5",
-                 "topk_topp_pen")
+def _out_option(p) -> None:
+    p.add_argument("--out", metavar="PATH", default=None,
+                   help="also write the JSON report (with the commit, versions and command) to PATH (default: none)")
 
 
 def _sampler_parser(what) -> None:
-    p = what.add_parser("sampler", help="strategies x TP x rows x vocab: latency, memory, bytes moved")
+    p = what.add_parser("sampler", help="strategies x TP x rows x vocab: latency, memory, bytes moved; or --compare")
     p.add_argument("--tp", metavar="N", type=int_at_least(1), nargs="+", default=[1, 2, 4],
                    help="TP sizes (local processes)")
-    p.add_argument("--rows", metavar="N", type=int_at_least(1), nargs="+", default=[8, 64], help="logits rows per step")
-    p.add_argument("--vocab", metavar="V", type=int_at_least(1), nargs="+", default=[32000, 151936],
-                   help="vocabulary sizes (tokens)")
+    p.add_argument("--rows", metavar="N", type=int_at_least(1), nargs="+", default=None,
+                   help="logits rows per step (default: 8 64; with --compare 32 256 1024)")
+    p.add_argument("--vocab", metavar="V", type=int_at_least(1), nargs="+", default=None,
+                   help="vocabulary sizes (default: 32000 151936; with --compare 151936, the first one given)")
     p.add_argument("--strategies", metavar="NAME", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                    help=f"strategies to run, from {', '.join(STRATEGIES)}")
-    p.add_argument("--steps", metavar="N", type=int_at_least(1), default=3,
-                   help="timed steps per case (after one warm-up step)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the logits live")
-    p.add_argument("--workload", metavar="NAME", nargs="+", choices=list(WORKLOADS), default=["topk-topp"],
-                   help=f"sampling parameters of the requests, from {', '.join(WORKLOADS)}")
-    p.add_argument("--logits", choices=["randn", "zipf"], default="randn",
-                   help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled)")
+    p.add_argument("--steps", metavar="N", type=int_at_least(1), default=None,
+                   help="timed steps per case, after warm-up (default: 3; with --compare 21 calls)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="where the logits live (default: cpu; with --compare cuda, and cpu is a smoke run of its "
+                        "code: wall times only)")
+    p.add_argument("--workload", metavar="NAME", nargs="+", choices=[*WORKLOADS, "classes"], default=["topk-topp"],
+                   help=f"sampling parameters of the requests, from {', '.join(WORKLOADS)}; 'classes' for every "
+                        f"feature class ({' '.join(CLASSES)})")
+    p.add_argument("--logits", choices=["randn", "zipf"], nargs="+", default=["randn"],
+                   help="randn x 3, or Zipf-like rows (logit -1.1 ln(rank) + noise, ranks shuffled); several run in "
+                        "turn")
     p.add_argument("--threads", metavar="N", type=int_at_least(1), default=1,
                    help="torch threads per rank, the same at every TP (TP = 1 included)")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="PNG path for the plot, '' to skip (default: bench_sampler.png, with --compare "
                         "bench_sampler_compare.png)")
     p.add_argument("--compare", action="store_true",
-                   help="one GPU: tpsample vs FlashInfer / torch sort / argmax on the same logits, wall time per "
-                        "call as an engine sees it (uses --rows, the first --vocab, --steps as iterations)")
-    p.add_argument("--cases", metavar="NAME", nargs="+", choices=COMPARE_CASES, default=None,
-                   help=f"--compare: the cases to run, from {', '.join(COMPARE_CASES)} (default: all)")
+                   help="one GPU: tpsample (automatic replay off / on, a new buffer each call, capture + replay) "
+                        "against FlashInfer and argmax on the same logits, per call as an engine sees it")
+    p.add_argument("--cases", metavar="NAME", nargs="+", choices=CASE_NAMES, default=None,
+                   help=f"--compare: the cases to run, from {', '.join(CASE_NAMES)} (default: all)")
+    p.add_argument("--flashinfer-build-s", metavar="S", type=int_at_least(0), default=240,
+                   help="--compare: seconds FlashInfer's JIT modules may take to build, all together; 0 skips "
+                        "FlashInfer")
+    p.add_argument("--flashinfer-status", metavar="PATH", default=None,
+                   help="--compare: FlashInfer's modules were built ahead by `python -m tpsample.bench.flashinfer "
+                        "--out PATH`: read that status instead of building (default: build)")
+    _out_option(p)
     p.set_defaults(check=_check_sampler, run=_run_sampler)
 
 
 def _check_sampler(args) -> None:
+    compare = args.compare
+    args.device = args.device or ("cuda" if compare else "cpu")
+    args.rows = args.rows or ([32, 256, 1024] if compare else [8, 64])
+    args.vocab = args.vocab or ([151936] if compare else [32000, 151936])
+    args.steps = args.steps or (21 if compare else 3)
+    if "classes" in args.workload:
+        named = (CLASSES if name == "classes" else [name] for name in args.workload)
+        args.workload = list(dict.fromkeys(w for names in named for w in names))
     if args.plot is None:
-        args.plot = "bench_sampler_compare.png" if args.compare else "bench_sampler.png"
-    if args.plot:
-        check_writable_file(args.plot, "--plot")
-    if args.compare:
-        check_device("cuda", "--compare")
+        args.plot = "bench_sampler_compare.png" if compare else "bench_sampler.png"
+    for path, option in ((args.plot, "--plot"), (args.out, "--out")):
+        if path:
+            check_writable_file(path, option)
+    check_device(args.device, "--compare" if compare else "--device")
+    if compare:
+        if args.flashinfer_status and not os.path.isfile(args.flashinfer_status):
+            raise UsageError(f"--flashinfer-status {args.flashinfer_status!r} is not a file")
         return
-    check_device(args.device)
     if max(args.tp) > min(args.vocab):
         raise ValueError(f"--tp {max(args.tp)} exceeds --vocab {min(args.vocab)}: every rank needs a vocabulary shard")
 
@@ -113,6 +137,7 @@ def _kernels_parser(what) -> None:
     p.add_argument("--gpu-time", action="store_true",
                    help="also report the kernels' device time alone (torch.profiler; on with --quick)")
     p.add_argument("--device", metavar="DEVICE", default="cuda", help="a CUDA device: cuda or cuda:N")
+    _out_option(p)
     p.set_defaults(check=_check_kernels, run=_run_kernels)
 
 
@@ -131,6 +156,8 @@ def _check_kernels(args) -> None:
             raise UsageError(f"{option}: unknown {bad[0]!r}; choose from {', '.join(known)}")
     args.configs = list(args.configs or CONFIGS)
     args.dtypes = list(args.dtypes or KERNEL_DTYPES)
+    if args.out:
+        check_writable_file(args.out, "--out")
 
 
 def _run_kernels(args) -> int:
@@ -169,10 +196,13 @@ def _engine_parser(what) -> None:
     p.add_argument("--memory-mib", metavar="MIB", type=int_at_least(1), default=1024,
                    help="per-rank memory budget on CPU that sizes the KV cache, in MiB")
     p.add_argument("--plot", metavar="PATH", default="bench_engine.png", help="PNG path for the plot")
+    _out_option(p)
     p.set_defaults(check=_check_engine, run=_run_engine)
 
 
 def _check_engine(args) -> None:
+    if args.out:
+        check_writable_file(args.out, "--out")
     if args.preset is not None:
         from ..bench.engine_presets import PRESETS
 
@@ -196,12 +226,13 @@ def _run_engine(args) -> int:
 
     if args.preset is not None:           # run_preset shows its own progress
         run_preset(args.preset, strategies=args.strategies, device=args.device, hf_reference=args.hf_reference,
-                   tp=args.tp)
+                   tp=args.tp, out=args.out)
         return 0
     with phase(f"bench engine: {len(args.strategies)} strategies x batch sizes {args.batch_sizes} at TP={args.tp}"):
         run_bench(model=args.model, tp=args.tp, strategies=args.strategies, batch_sizes=args.batch_sizes,
                   device=args.device, dtype=args.dtype, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
-                  kv_cache_tokens=args.kv_cache_tokens, cpu_memory_bytes=args.memory_mib << 20, plot=args.plot)
+                  kv_cache_tokens=args.kv_cache_tokens, cpu_memory_bytes=args.memory_mib << 20, plot=args.plot,
+                  out=args.out)
     return 0
 
 
