@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .capture import ReplayGuard, check_capturable, reserve, step_context
-from .kernels.relaunch import LaunchList, recorded
+from .kernels.launcher import LaunchList, recorded
 from .parallel.registry import STRATEGIES
 from .sampling.keys import append_kernel
 from .sampling.output import ReplayResults, SamplerOutput

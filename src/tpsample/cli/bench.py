@@ -112,6 +112,9 @@ def _kernels_parser(what) -> None:
     p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
     p.add_argument("--gpu-time", action="store_true",
                    help="also report the kernels' device time alone (torch.profiler; on with --quick)")
+    p.add_argument("--sweep", metavar="VARIANT", nargs="*", default=None,
+                   help="instead: the launch-shape sweep of sample_rows over KernelConfig variants (device time "
+                        "per kernel, token check, paths); names pick variants (default: all)")
     p.add_argument("--device", metavar="DEVICE", default="cuda", help="a CUDA device: cuda or cuda:N")
     p.set_defaults(check=_check_kernels, run=_run_kernels)
 
@@ -122,10 +125,12 @@ def _check_kernels(args) -> None:
     check_device(args.device)
     if importlib.util.find_spec("triton") is None:
         raise UsageError("bench kernels needs triton (pip install triton)")
+    from ..bench.kernel_sweep import VARIANTS
     from ..bench.kernels import CONFIGS
     from ..bench.kernels import DTYPES as KERNEL_DTYPES
 
-    for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES)):
+    for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES),
+                                 ("--sweep", args.sweep, VARIANTS)):
         bad = [x for x in given or () if x not in known]
         if bad:
             raise UsageError(f"{option}: unknown {bad[0]!r}; choose from {', '.join(known)}")

@@ -27,7 +27,7 @@ from ..parallel.common import StepContext, StepResult, pad_logprobs
 from ..parallel.plan import build_plan
 from ..parallel.registry import STRATEGIES
 from ..parallel.shard import vocab_shard
-from ..kernels.config import kernels_wanted
+from ..kernels.gate import kernels_wanted
 from ..sampling.reducer import LocalRows
 from ..sampling.rows_in import SampleArgs
 from ..sampling.run import sample_batch

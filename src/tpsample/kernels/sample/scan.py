@@ -15,9 +15,20 @@ memory-bound.
 import triton
 import triton.language as tl
 
-from .rng_triton import GOLDEN, gumbel_from_bits, uniform_bits_spread
-from .sample_state import FILTER, GREEDY, PLAIN
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, ex2_ftz, opaque_u32, pair_max
+from ..tlutil import (
+    BIG_ID32,
+    GOLDEN,
+    NEG_INF,
+    argmax_pair,
+    chunk_bounds,
+    div_t,
+    ex2_ftz,
+    gumbel_from_bits,
+    opaque_u32,
+    pair_max,
+    uniform_bits_spread,
+)
+from .state import FILTER, GREEDY, PLAIN
 
 
 @triton.jit
