@@ -92,8 +92,8 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, top_bin, top_mass, ALL: tl
     bounds' width then comes from the bins below the list's reach only.
 
     ALL is small (KernelConfig.bracket_all): the finish then resolves ~100 bracket candidates
-    instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
-    the collect pass costs the same either way.
+    instead of the ~1,000 entries from the bracket up (a finish about half as long); the collect
+    pass costs the same either way.
 
     A bracket of more than CAP entries is narrowed (`narrow_bracket`) to at most CAP entries
     around the bin where v* is estimated to lie: the finish's certificate is exact either way."""

@@ -215,7 +215,7 @@ def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl
                  LG: tl.constexpr):
     """Pass 3 of a LEAN row's split [start, end): the columns of x >= xf, appended (order does
     not matter) with one atomic per listed entry: no prefix sum over a step's entries, which
-    measured slower (89 against 68 us at 256 x 151,936 on an H200)."""
+    measured slower."""
     xrow = x_ptr + row_off
     offs = tl.arange(0, BLOCK)
     goffs = list_group(offs, LG)

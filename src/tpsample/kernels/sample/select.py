@@ -77,7 +77,7 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: tl.constexpr):
     """A value in [lo, m] at or below max(the k-th largest block maximum, lo) and within
     (m - lo) / 2**STEPS of it: STEPS bisections of the value range by the count of maxima at or
-    above, instead of `kth_block_max`'s 33 over the keys (~11 us of one-row latency on an H200),
+    above, instead of `kth_block_max`'s 33 over the keys (a long chain of one-row reductions),
     for a bound that is only a guess (a lower one lists a few entries more)."""
     bv, _, _ = _block_keys(bmax_ptr, row, nblk, NBP)
     a, z = lo, m        # count(maxima >= a) >= k unless a is lo; count(maxima >= z) < k unless z is m
