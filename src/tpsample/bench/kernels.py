@@ -169,9 +169,6 @@ def run_bench_kernels(args) -> list:
     if torch.device(args.device).type != "cuda":
         print(json.dumps({"error": "bench kernels needs a CUDA device"}))
         return []
-    if args.sweep is not None:
-        from .kernel_sweep import run_sweep
-        return run_sweep(args)
     bw = copy_bandwidth(args.device)
     out = []
     for rows in args.rows:

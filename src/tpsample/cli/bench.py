@@ -139,9 +139,12 @@ def _check_kernels(args) -> None:
 
 
 def _run_kernels(args) -> int:
-    from ..bench import kernels
+    from ..bench import kernel_sweep, kernels
 
-    kernels.run_bench_kernels(args)
+    if args.sweep is not None:
+        kernel_sweep.run_sweep(args)
+    else:
+        kernels.run_bench_kernels(args)
     return 0
 
 

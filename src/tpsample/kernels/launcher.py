@@ -89,13 +89,14 @@ def _spec(a):
 
 def launch_key(args, constexprs, const_positions: tuple = ()) -> tuple:
     """What Triton specialises a launch on (see the module docstring), as a dict key: `_spec` of
-    each argument, inlined for tensors and ints (a launch has ~20 arguments: the key is most of
-    the host cost of a cached launch), the values of constexpr parameters passed by position, and
-    the keyword constexprs in the call's own order."""
+    each argument, inlined for tensors, ints and None (a launch has ~20 arguments: the key is most
+    of the host cost of a cached launch; a kernel with two modes takes the other mode's arguments
+    as None), the values of constexpr parameters passed by position, and the keyword constexprs
+    in the call's own order."""
     return (tuple([(a.dtype, a.data_ptr() & 15 == 0) if type(a) is _Tensor else
                    (a == 1, a & 15 == 0, -_I32 <= a < _I32, 0 <= a < _U32) if type(a) is int else
-                   _spec(a) for a in args]), tuple([args[i] for i in const_positions if i < len(args)]),
-            tuple(constexprs.items()))
+                   None if a is None else _spec(a) for a in args]),
+            tuple([args[i] for i in const_positions if i < len(args)]), tuple(constexprs.items()))
 
 
 try:
