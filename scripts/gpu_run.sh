@@ -114,7 +114,7 @@ phase() {
                   fi
                   run compare 400 90 "${TPS[@]}" bench sampler --compare --rows 32 256 1024 --vocab 151936 \
                       --steps 21 ${status[@]+"${status[@]}"} --plot '' --out "$OUT/compare.json" ;;
-    gpu-check)    run gpu-check 120 30 "$PY" -m tpsample.kernels.gpu_check ;;
+    gpu-check)    run gpu-check 120 30 "$PY" tests/gpu_check.py ;;
     tests)        run tests-kernels 240 60 env OUT="$OUT/tests" PHASE_TIMEOUT=230 PYTEST_WORKERS=4 \
                       bash scripts/gpu_tests.sh kernels
                   run tests-sampler 240 60 env OUT="$OUT/tests" PHASE_TIMEOUT=200 PYTEST_WORKERS=4 \

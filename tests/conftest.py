@@ -10,7 +10,7 @@ chooses when a function is *defined*: for Triton's own library (`triton.language
 is first imported, for our kernels when their modules are first imported. So, without CUDA:
 - this file imports triton once with TRITON_INTERPRET=1 set only for that import;
 - `triton_interpreter` (module scope) sets the variable while a kernel test module runs (our
-  kernel modules are imported lazily, inside those tests; `kernels.dispatch` reads the variable
+  kernel modules are imported lazily, inside those tests; `kernels.sample` reads the variable
   at call time) and removes it when the module ends, so later tests, and the processes they
   spawn, never inherit it;
 - the interpreter's helper calls skip a re-patch of the language that the running launch

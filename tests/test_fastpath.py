@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, torch, tpsample
 from interpreter import speed_up_device_calls
 speed_up_device_calls()
-import tpsample.kernels.dispatch as dispatch
+import tpsample.kernels.sample as dispatch
 from tpsample import SamplingParams as P
 kernel_calls = [0]
 _sample_rows = dispatch.sample_rows

@@ -4,14 +4,11 @@ import pytest
 
 from tpsample.kernels.config import KernelConfig
 
-BAD = [("block", 100), ("filter_block", 0), ("scan_cols", 3), ("plain_scan_cols", -512), ("cap", 1 << 17),
-       ("small", 6), ("pivots", 512), ("bins", 3), ("hist_bins", 1000), ("num_warps", 64), ("scan_warps", 3),
-       ("row_warps", 0), ("splits", 3), ("block_max_cols", 24), ("block", True), ("block", 256.0),
-       ("programs_per_sm", 0), ("filter_programs_per_sm", -1), ("bracket_all", -1), ("lean", 1),
-       ("list_pack", "yes"), ("list_room", 0), ("list_room", 2.5), ("list_warps", 3), ("list_warps", 64),
-       ("list_groups", 3), ("list_groups", 64), ("draw_scan_cols", 100), ("draw_scan_warps", 64),
-       ("list_regs", 100), ("list_regs", 256), ("list_regs", 0), ("list_regs", 128.0),
-       ("hist_regs", 60), ("hist_regs", 512)]
+BAD = [("block", 100), ("scan_cols", 3), ("plain_scan_cols", -512), ("cap", 1 << 17), ("small", 6),
+       ("pivots", 512), ("bins", 3), ("hist_bins", 1000), ("num_warps", 64), ("hist_warps", 3), ("hist_block", 0),
+       ("splits", 3), ("lean_block", 0), ("lean_read_cols", 24), ("block", True), ("block", 256.0),
+       ("bracket_all", -1), ("force", {"lean"}), ("force", "bracket"), ("list_room", 0), ("list_room", 2.5),
+       ("list_warps", 3), ("list_warps", 64), ("list_groups", 3), ("list_groups", 64), ("draw_scan_cols", 100)]
 
 
 @pytest.mark.parametrize(("field", "value"), BAD)
@@ -27,10 +24,10 @@ def test_small_above_cap_is_refused():
 
 def test_the_defaults_and_the_optional_settings_are_accepted():
     KernelConfig()
-    KernelConfig(splits=None, filter_programs_per_sm=None, block_max_cols=None, list_regs=None)
-    KernelConfig(list_regs=8, hist_regs=64)
-    KernelConfig(list_regs=248)
-    KernelConfig(splits=1, block=1, filter_block=1, cap=1, small=1, pivots=1, bins=1, hist_bins=1, bracket_all=0)
+    KernelConfig(splits=None, hist_block=None, hist_warps=None, list_warps=None, draw_scan_cols=None)
+    KernelConfig(force={"bracket", "unpacked"})
+    KernelConfig(list_warps=32, hist_warps=1)
+    KernelConfig(splits=1, block=1, cap=1, small=1, pivots=1, bins=1, hist_bins=1, bracket_all=0)
 
 
 def test_settings_are_keywords_only():

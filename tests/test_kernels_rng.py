@@ -1,4 +1,4 @@
-"""The Triton noise twin (`tpsample.kernels.rng_triton`) gives the bits of `sampling.rng`.
+"""The Triton noise twin (`tpsample.kernels.tlutil`) gives the bits of `sampling.rng`.
 
 Runs the kernel under TRITON_INTERPRET=1 on CPU, or compiled when CUDA is present.
 """
@@ -15,7 +15,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(scope="module")
 def rng_triton(triton_interpreter):
     """Imported here, not at the top: triton.jit picks interpreted or compiled at import."""
-    from tpsample.kernels import rng_triton
+    import tlutil_probes as rng_triton
     return rng_triton
 
 

@@ -1,4 +1,4 @@
-"""`kernels.dispatch.sample_rows` gives exactly the tokens of the torch reference.
+"""`kernels.sample.sample_rows` gives exactly the tokens of the torch reference.
 
 Small shapes under TRITON_INTERPRET=1 on CPU (compiled kernels when CUDA is present). Each batch
 mixes row configurations; KernelConfig variants force the candidate path, the exact search
@@ -11,9 +11,10 @@ import torch
 
 pytest.importorskip("triton")
 
+import kernels_torch_ref as torch_ref
+
 from tpsample import noise as rng
-from tpsample.kernels import torch_ref
-from tpsample.kernels.dispatch import KernelConfig, sample_rows
+from tpsample.kernels.sample import KernelConfig, sample_rows
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
@@ -101,7 +102,7 @@ def test_batches_without_filters_give_the_same_tokens_at_their_own_scan_shape(pl
 def test_temperature_only_batches_take_one_warp_short_steps_on_cuda_and_the_plain_steps_elsewhere():
     """The draw shape (`draw_scan_cols` None): 128-column steps on one warp on CUDA; under the
     interpreter, whose cost is per step, the plain batches' steps; a set value holds anywhere."""
-    from tpsample.kernels.sample_launch import draw_config, plain_config
+    from tpsample.kernels.sample.launch import draw_config, plain_config
     on_cuda, elsewhere = draw_config(DEFAULT, True), draw_config(DEFAULT, False)
     assert (on_cuda.scan_cols, on_cuda.scan_warps) == (128, 1)
     assert elsewhere.scan_cols == plain_config(DEFAULT).scan_cols == 512
@@ -111,7 +112,7 @@ def test_temperature_only_batches_take_one_warp_short_steps_on_cuda_and_the_plai
 def test_the_list_kernel_takes_8_warps_of_128_registers_on_cuda_and_4_warps_elsewhere():
     """`list_warps` None: 8 warps on CUDA at any row count, capped at `list_regs` registers a
     thread (two programs a SM), 4 off CUDA; a set value holds anywhere."""
-    from tpsample.kernels import sample_launch
+    from tpsample.kernels.sample import launch as sample_launch
     cuda = torch.device("cuda", 0)
     assert sample_launch.list_warps(cuda, DEFAULT) == 8
     assert DEFAULT.list_regs == 128
@@ -278,7 +279,7 @@ def test_rows_the_list_does_not_settle_take_the_bracket_collect_exactly_without_
     gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000 + 1)
     x = logits(kind, len(TOP_P_WIDE), 1500, gen)
     for extra in ({}, {"bracket_all": 0}, {"bracket_all": 0, "splits": 4, "block": 64, "scan_cols": 64}):
-        assert _paths(x, TOP_P_WIDE, KernelConfig(lean=False, **NO_LIST, **extra)) == (0, 0, 0)
+        assert _paths(x, TOP_P_WIDE, KernelConfig(force={"bracket"}, **NO_LIST, **extra)) == (0, 0, 0)
 
 
 def test_a_top_p_row_beside_every_other_kind_of_row_keeps_its_exact_token():
@@ -354,7 +355,7 @@ def test_a_list_crowded_into_one_counter_is_not_trusted_and_falls_back_exactly()
     # pick the counter by lane); the guessed list aims at the hot columns
     small = {"cap": 64, "small": 32, "splits": 1, "list_room": 32}
     assert _paths(x, rows, KernelConfig(**small)) == (len(rows), 0, 0)
-    assert _paths(x, rows, KernelConfig(list_groups=8, list_pack=False, **small)) == (0, 0, len(rows))
+    assert _paths(x, rows, KernelConfig(list_groups=8, force={"unpacked"}, **small)) == (0, 0, len(rows))
 
 
 def test_flat_rows_keeping_many_entries_settle_from_a_narrowed_bracket_without_the_search():
@@ -399,7 +400,7 @@ def test_row_hints_name_what_the_batch_holds_alike_from_host_and_device_paramete
     a row has top-p and min-p without top-k."""
     import numpy as np
 
-    from tpsample.kernels.dispatch import hints_from_params
+    from tpsample.kernels.sample import hints_from_params
     from tpsample.sampling.kernel_backend import hints_from_host
     from tpsample.state.rows import HostRows
     t, k, p, lmp = params(rows)

@@ -1,13 +1,15 @@
-"""Logprob statistics and the vocab-parallel Gumbel partial of `kernels.dispatch` match the
+"""Logprob statistics and the vocab-parallel Gumbel partial of `kernels.sample` match the
 reference: counts, ids and Gumbel winners exactly, log-sum-exps to 1e-5."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+import kernels_torch_ref as torch_ref
+
 from tpsample import noise as rng
-from tpsample.kernels import dispatch, torch_ref
-from tpsample.kernels.dispatch import KernelConfig
+from tpsample.kernels import sample as dispatch
+from tpsample.kernels.sample import KernelConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]

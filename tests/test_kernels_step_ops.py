@@ -1,4 +1,4 @@
-"""The per-step kernels (`tpsample.kernels.step_ops`, `history_ops`) give the torch versions'
+"""The per-step kernels (`tpsample.kernels.step_ops`, `history`) give the torch versions'
 results exactly: row keys bit for bit, the history append token for token, with its ascending
 copy sorted after every step (for the slots told to keep one).
 
@@ -46,7 +46,7 @@ def _histories(slots: int, need: int) -> tuple[History, History]:
 
 
 def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops):
-    from tpsample.kernels.history_ops import append_history
+    from tpsample.kernels.history import append_history
     g = torch.Generator().manual_seed(0)
     a, b = _histories(6, 900)
     for step in range(260):
@@ -75,7 +75,7 @@ def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops
 def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
     """The store keeps the ascending copy for requests with penalties only: the kernel and the
     torch append agree, the flagged slots' copies stay sorted, the others' stay -1."""
-    from tpsample.kernels.history_ops import append_history
+    from tpsample.kernels.history import append_history
     g = torch.Generator().manual_seed(1)
     flags = torch.tensor([16, 0, 32, 0, 48, 8], dtype=torch.int64, device=DEV)      # 16 | 32: penalties
     a, b = _histories(6, 64)
@@ -100,7 +100,7 @@ def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
 
 
 def test_append_kernel_drops_tokens_past_the_capacity_from_both_tables(step_ops):
-    from tpsample.kernels.history_ops import append_history
+    from tpsample.kernels.history import append_history
     h = History()
     h.reset(0)
     h.sync(DEV, 1, 64)
@@ -133,7 +133,7 @@ def test_mask_nans_kernel_equals_torch_and_counts_per_row(step_ops):
 def test_row_prep_kernel_equals_nan_mask_bitmask_and_argmax(step_ops, masked, shard):
     """One pass gives what processors.mask_nans, processors.apply_bitmask and draw.local_argmax
     give in that order: the same row bits, NaN counts, and best allowed token (lowest id on ties)."""
-    from tpsample.kernels.row_prep import prep_rows_
+    from tpsample.kernels.step_ops import prep_rows_
     from tpsample.sampling import processors as P
     from tpsample.sampling.draw import local_argmax
     start, end = shard

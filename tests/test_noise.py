@@ -5,7 +5,7 @@ tests reject at alpha = 0.001, correlation tests at |r| * sqrt(n) > 3.29 (two-si
 the tail test at |z| >= 3 (the bound the noise is specified to meet). Everything is vectorised
 over keys and token ids.
 
-The Triton twin (`tpsample.kernels.rng_triton`) must produce these same bits; that equality is
+The Triton twin (`tpsample.kernels.tlutil`) must produce these same bits; that equality is
 held by tests/test_kernels_rng.py (GPU or TRITON_INTERPRET), not here.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
 def kernel_calls(monkeypatch):
     """The kernels run on CPU; counts calls of the sampling kernel's entry point (no launch list
     recorded before the test)."""
-    import tpsample.kernels.dispatch as dispatch
+    import tpsample.kernels.sample as dispatch
     from tpsample.ops import direct
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
     monkeypatch.setattr(direct, "_SITES", {})

@@ -14,8 +14,8 @@ import torch
 from test_ops import PARAMS, PROMPT_LENS, V, per_row, sampler_run, special_rows
 
 from tpsample import ops
-from tpsample.kernels import relaunch
-from tpsample.kernels.relaunch import LaunchList
+from tpsample.kernels import launcher as relaunch
+from tpsample.kernels.launcher import LaunchList
 from tpsample.ops import direct
 
 pytest.importorskip("triton")

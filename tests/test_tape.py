@@ -99,7 +99,7 @@ def test_a_replay_is_its_launches_and_a_bounded_number_of_python_calls(kernels_o
     this test was written; the eager step makes about 400), bounded at 120; 14 launches since
     top-p rows without top-k take the list kernel and the bins pass (one launch more)."""
     from tpsample import replay as tape
-    from tpsample.kernels import relaunch
+    from tpsample.kernels import launcher as relaunch
     s = sampler()
     ids = list(PARAMS)
     xs = buffers(3, len(ids), 3)

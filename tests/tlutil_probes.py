@@ -1,14 +1,16 @@
-"""Probe kernels of `tpsample.kernels.tlutil` helpers (and the scan's skip test) for
-tests/test_kernels_fast_division.py, tests/test_interpreter_speedup.py,
-tests/test_kernels_skip_test.py and tests/test_kernels_mass_search.py, imported inside the
-tests, after the interpreter switch (triton.jit picks interpreted or compiled when this module
-is imported)."""
+"""Probe kernels of `tpsample.kernels` device helpers (`tlutil`, the noise twin included, the
+searches of `sample.state` and the scan's skip test) for tests/test_kernels_fast_division.py,
+tests/test_interpreter_speedup.py, tests/test_kernels_skip_test.py,
+tests/test_kernels_mass_search.py and tests/test_kernels_rng.py, imported inside the tests, after
+the interpreter switch (triton.jit picks interpreted or compiled when this module is imported)."""
+import torch
 import triton
 import triton.language as tl
 
-from tpsample.kernels.sample_hist import fast_division_ok
-from tpsample.kernels.sample_scan import may_win_fast, win_bound
-from tpsample.kernels.tlutil import bisection_steps, claim_slots, div_by, min_key_mass_below, min_key_mass_few
+from tpsample.kernels.sample.hist import fast_division_ok
+from tpsample.kernels.sample.scan import may_win_fast, win_bound
+from tpsample.kernels.sample.state import bisection_steps, min_key_mass_below, min_key_mass_few
+from tpsample.kernels.tlutil import claim_slots, div_by, gumbel_from_bits, uniform_bits
 
 
 @triton.jit
@@ -67,3 +69,41 @@ def mass_searches(keys_ptr, e_ptr, args_ptr, target_ptr, out_ptr, scratch_ptr, N
     n_lo = tl.sum((keys > lo).to(tl.int32), axis=0)
     tl.store(out_ptr + c * 2 + 1, min_key_mass_few(keys, e, base, target, lo, hi, n_lo,
                                                    scratch_ptr + c * (2 * FEW + 1), FEW, PTX))
+
+
+@triton.jit
+def _rng_probe_kernel(key0_ptr, key1_ptr, ids_ptr, u_ptr, g_ptr, num_ids, BLOCK: tl.constexpr):
+    """u and g for row `program_id(0)` and num_ids token ids ([rows, num_ids] out)."""
+    row = tl.program_id(0)
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    for start in range(0, num_ids, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < num_ids
+        ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+        u = uniform_bits(k0, k1, ids)
+        tl.store(u_ptr + row * num_ids + offs, u.to(tl.int64), mask=mask)
+        tl.store(g_ptr + row * num_ids + offs, gumbel_from_bits(u), mask=mask)
+
+
+def probe(key0, key1, token_ids):
+    """(u [rows, n] int64, g [rows, n] fp32) computed by the Triton twin of the noise."""
+    rows, n = key0.shape[0], token_ids.shape[0]
+    u = torch.empty((rows, n), dtype=torch.int64, device=key0.device)
+    g = torch.empty((rows, n), dtype=torch.float32, device=key0.device)
+    _rng_probe_kernel[(rows,)](key0, key1, token_ids.to(torch.int64), u, g, n, BLOCK=256)
+    return u, g
+
+
+@triton.jit
+def _gumbel_bits_kernel(u_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    u = tl.load(u_ptr + offs, mask=offs < n, other=0).to(tl.uint32)
+    tl.store(g_ptr + offs, gumbel_from_bits(u), mask=offs < n)
+
+
+def gumbel_probe_bits(u):
+    """g for given 32-bit values u (int64 tensor), computed by the Triton twin of the noise."""
+    g = torch.empty(u.shape, dtype=torch.float32, device=u.device)
+    _gumbel_bits_kernel[(triton.cdiv(u.numel(), 256),)](u, g, u.numel(), BLOCK=256)
+    return g

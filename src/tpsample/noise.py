@@ -6,7 +6,7 @@ Contract:
 - `uniform_bits(key0, key1, token_ids)` gives the full 32-bit value u for each (row, token).
   Same bits on every device: the torch version here uses int64 arithmetic masked to 32 bits
   (multiplications split in 16-bit halves so nothing overflows), the Triton twin in
-  `tpsample.kernels.rng_triton` uses native uint32 arithmetic.
+  `tpsample.kernels.tlutil` uses native uint32 arithmetic.
 - `gumbel_from_bits(u)` maps u to W = (u + 1/2) / 2**32 in fp32, which is dense near 0 where the
   Gumbel winner lives (W small means g large), and returns g = -log(-log1p(-W)) in fp32 (log1p via Goldberg's identity, see
   `neg_log1p_neg`, so the Triton twin computes the same formula).

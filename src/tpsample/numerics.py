@@ -1,4 +1,4 @@
-"""Shared numerics: the -inf sentinel, fixed-point masses and order keys of fp32.
+"""Shared numerics: the -inf sentinel, fixed-point masses, order keys of fp32, powers of two.
 
 A leaf module: the sampling pipeline, the vocab-parallel reductions and the kernels' torch twin
 all use these definitions, so a threshold computed by any of them is the same number.
@@ -26,6 +26,11 @@ def row_chunks(num_rows: int, cols: int, device=None):
     step = max(1, limit // max(cols, 1))
     for s in range(0, num_rows, step):
         yield s, min(num_rows, s + step)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host ints (launch shapes, padded sizes)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def mass_shift(vocab_size: int) -> int:

@@ -9,7 +9,7 @@ replay about forty. Three ways, one policy:
   recorded in a CUDA graph for a fixed plan and a fixed logits buffer. `replay()` samples
   whatever the buffer holds now, with the tokens and logprobs an eager `sample` gives.
 - `TapedStep`: the same step recorded as its list of Triton launches with their arguments
-  (`kernels.relaunch.LaunchList`), replayed over any logits buffer of the same shape, strides,
+  (`kernels.launcher.LaunchList`), replayed over any logits buffer of the same shape, strides,
   dtype, device and 16-byte alignment (an engine whose LM head allocates its output per step).
   A step that did device work outside the kernels (torch ops: penalties, processors) or whose
   launches are not all repeatable is marked `refused` and is not replayed.
@@ -36,7 +36,7 @@ import operator
 import numpy as np
 import torch
 
-from .kernels.relaunch import LaunchList, recorded
+from .kernels.launcher import LaunchList, recorded
 from .sampling.min_tokens import MinTokens
 from .sampling.output import ReplayResults, SamplerOutput
 

@@ -8,6 +8,7 @@ kernels' cached workspace), and GB/s of one read of the logits against a device 
 bandwidth measured in the same run. Anchors in the same run: plain torch argmax (greedy), a
 torch sort-based top-k/top-p sampler (the usual engine path), and FlashInfer's
 `top_k_top_p_sampling_from_logits` when importable. Prints a table, then one JSON line.
+With `--sweep`, the launch-shape sweep of `KernelConfig` instead (`bench.kernel_sweep`).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def copy_bandwidth(device) -> float:
 
 
 def ours(config, x, t, k, p, lmp, key0, key1):
-    from ..kernels import dispatch
+    from ..kernels import sample as dispatch
     if CONFIGS[config][4]:
         return lambda: dispatch.logprob_stats(x, temperature=t, n=CONFIGS[config][4])
     hints = dispatch.hints_from_params(t, k, p, lmp, x.shape[1])
@@ -150,8 +151,8 @@ def run_case(rows, vocab, dtype_name, shape, config, args, bw):
         try:
             ms, mib = time_cuda(fn, args.iters, args.warmup, dev)
             if name == "triton" and not CONFIGS[config][4]:   # its workspace is cached across calls: count it
-                from ..kernels.dispatch import KernelConfig
-                from ..kernels.sample_launch import workspace_bytes
+                from ..kernels.config import KernelConfig
+                from ..kernels.sample.launch import workspace_bytes
                 mib += workspace_bytes(rows, vocab, KernelConfig(), dev) / 2**20
         except Exception as e:  # noqa: BLE001 - report and continue (an anchor may not support a case)
             results.append({"impl": name, "error": repr(e)[:200]})

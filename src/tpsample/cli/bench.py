@@ -136,6 +136,9 @@ def _kernels_parser(what) -> None:
     p.add_argument("--no-anchors", action="store_true", help="skip the torch / FlashInfer anchors")
     p.add_argument("--gpu-time", action="store_true",
                    help="also report the kernels' device time alone (torch.profiler; on with --quick)")
+    p.add_argument("--sweep", metavar="VARIANT", nargs="*", default=None,
+                   help="instead: the launch-shape sweep of sample_rows over KernelConfig variants (device time "
+                        "per kernel, token check, paths); names pick variants (default: all)")
     p.add_argument("--device", metavar="DEVICE", default="cuda", help="a CUDA device: cuda or cuda:N")
     _out_option(p)
     p.set_defaults(check=_check_kernels, run=_run_kernels)
@@ -147,10 +150,12 @@ def _check_kernels(args) -> None:
     check_device(args.device)
     if importlib.util.find_spec("triton") is None:
         raise UsageError("bench kernels needs triton (pip install triton)")
+    from ..bench.kernel_sweep import VARIANTS
     from ..bench.kernels import CONFIGS
     from ..bench.kernels import DTYPES as KERNEL_DTYPES
 
-    for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES)):
+    for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES),
+                                 ("--sweep", args.sweep, VARIANTS)):
         bad = [x for x in given or () if x not in known]
         if bad:
             raise UsageError(f"{option}: unknown {bad[0]!r}; choose from {', '.join(known)}")
@@ -161,9 +166,12 @@ def _check_kernels(args) -> None:
 
 
 def _run_kernels(args) -> int:
-    from ..bench import kernels
+    from ..bench import kernel_sweep, kernels
 
-    kernels.run_bench_kernels(args)
+    if args.sweep is not None:
+        kernel_sweep.run_sweep(args)
+    else:
+        kernels.run_bench_kernels(args)
     return 0
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tpsample.kernels.attention_launch import num_decode_splits
 from tpsample.model import AttentionMetadata, CausalLM, PagedMetadata
+from tpsample.model.attention_kernels import num_decode_splits
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

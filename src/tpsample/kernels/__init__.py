@@ -1,9 +1,15 @@
-"""GPU kernels (Triton) for exact fused sampling, and their torch reference.
+"""GPU kernels (Triton) for exact fused sampling, and what launches them.
 
-Entry points: `dispatch` (sampling and logprob statistics over per-row parameters),
-`step_ops` (row parameters and keys, the result block, raw logprob rows), `history_ops` (the
-history append), `penalties`, `row_prep` (NaN mask, grammar mask, the guard's best token),
-`attention` (the engine's paged attention), `config` (launch shapes, availability, fallback
-counts); `torch_ref` is the torch twin of the sampling kernels. This package imports nothing
-heavy at import time so that CPU-only installs without Triton can still import `tpsample`.
+- `sample`: the sampling pipeline by pass (scan, select, hist, lists, bracket, rounds, finish;
+  the per-row state, the launch sequence) and the entry points `sample_rows`, `logprob_stats`,
+  `token_logprob_stats`, `shard_gumbel_argmax`;
+- `stats`: the row statistics and logprob rows, and the vocab-parallel shard draw;
+- `step_ops` (row parameters and keys, the front pass over the rows, the result block) and
+  `history` (the history append and the penalties that read it): the per-step kernels;
+- `tlutil`: device helpers and the noise's Triton twin;
+- `config` (launch shapes, batch hints, path counters), `gate` (may a kernel run here?),
+  `launcher` (cheap launches, their recording and replay).
+The engine's kernels (attention, model ops) live in `tpsample.model`. This package imports
+nothing heavy at import time, so that CPU-only installs without Triton can still import
+`tpsample`.
 """

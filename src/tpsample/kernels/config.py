@@ -1,37 +1,47 @@
-"""Kernel launch configuration, availability and batch hints (no kernels here).
+"""Kernel launch configuration, batch hints and path counters (no kernels here).
 
-Shared by the dispatch entry points and the launch modules, which import nothing above this.
+Shared by the entry points and the launch modules, which import nothing above this.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from ..numerics import next_pow2
+
 MAX_ROUNDS = 64
+FORCE = ("bracket", "unpacked")       # what `KernelConfig.force` may hold
 
 
 @dataclass(frozen=True, kw_only=True)
 class KernelConfig:
-    """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md):
-    small programs (1-4 warps) keep the per-block reductions and branches of the streaming loops
-    inside a warp or two; ~16 programs per SM in all, ~32 for batches with a filter row. CAP
-    candidates per row, P pivots and NB histogram bins per search pass.
+    """Launch shape. Defaults come from a sweep on an H200 at 256 x 151936 (docs/kernels.md;
+    `tpsample bench kernels --sweep` varies these fields): small programs (1-4 warps) keep the
+    per-block reductions and branches of the streaming loops inside a warp or two. CAP
+    candidates per row, P pivots and NB histogram bins per search pass. Production sets no
+    field; tests set them to run the kernels at other shapes (short steps and small caps put
+    several programs, blocks and search rounds on tiny rows).
 
     Every size that becomes a block of a kernel is a power of two (Triton's blocks are), warps
     are 1-32, and `small` <= `cap`; anything else is a `ValueError` naming the field, raised
-    here rather than inside a kernel's compilation."""
+    here rather than inside a kernel's compilation.
+
+    `force` is the test hook that turns a method off so that the path behind it runs (small
+    settings force the others: `list_room=1`, the list settles no row; a small `cap` or
+    `hist_bins`, the candidates overflow or the bracket fails and the exact search runs):
+    - "bracket": rows the list leaves collect their bracket's candidates (no lean pass);
+    - "unpacked": on CUDA too, the hist pass claims list slots with one atomic an entry, through
+      the counter its column picks (not one atomic for 4 entries a thread, by lane)."""
     block: int = 256           # columns per step in the round passes (and the stats kernels)
-    filter_block: int = 128    # at most this for batches with a filter row
     scan_cols: int = 1024      # columns per step in the scan (TILE x BB)
     plain_scan_cols: int = 512     # at most this for batches with no filter row (greedy, temperature only)
     draw_scan_cols: int | None = None  # ... and at most this when one is temperature only (the scan draws);
-    #                                    None: 128 on CUDA, plain_scan_cols elsewhere (the interpreter pays per step)
-    draw_scan_warps: int = 1       # the scan's warps then
+    #                                    None: draw_scan_cols_cuda on CUDA, plain_scan_cols elsewhere (the
+    #                                    interpreter pays per step)
     cap: int = 2048
     small: int = 256
     pivots: int = 8
@@ -40,24 +50,26 @@ class KernelConfig:
     bracket_all: int = 256     # top-p alone: at most this many entries from the bracket up are all candidates
     list_room: int = 3072      # top-p alone: entries a row's guessed list aims at (it holds up to 2 * cap)
     list_groups: int = 4       # counters a row's list appends through (atomics spread over addresses)
-    list_pack: bool = True     # CUDA: the hist pass claims list slots with one atomic per 4 entries a thread
     list_warps: int | None = None   # the list kernel (a program a row holds its whole list); None: 8 on CUDA, else 4
-    list_regs: int | None = 128     # CUDA: registers a thread of the list kernel (its maxnreg; 8..255, a multiple
-    #                                 of 8): 128 lets two 8-warp programs share a SM; None: the compiler's choice
-    lean: bool = True          # rows the list leaves: <= 2 * cap entries from the bracket up take the lean pass
     lean_block: int = 256      # columns per step of the lean pass
     lean_read_cols: int = 1024     # listed columns the per-row step of a lean row reads at a time
     hist_block: int | None = 1024   # columns per step of the hist pass (None: the round passes' step)
     hist_warps: int | None = 4      # warps of the hist pass (None: num_warps)
-    hist_regs: int | None = None    # CUDA: registers a thread of the hist pass's mass-and-list mode (maxnreg, as
-    #                                 list_regs); None: the compiler's choice
     num_warps: int = 1         # round passes and stats / shard kernels
-    scan_warps: int = 4        # the scan
-    row_warps: int = 4         # per-row kernels (select, finish)
     splits: int | None = None       # programs per row; None: ~programs_per_sm per SM in all
-    programs_per_sm: int = 16      # the splits' target
-    filter_programs_per_sm: int | None = 32     # batches with a filter row (None: programs_per_sm)
-    block_max_cols: int | None = None   # BB; None: 16..128 from V
+    force: frozenset = frozenset()  # test hook (above): "bracket", "unpacked"
+
+    # Fixed launch choices, measured on an H200 (docs/kernels.md); not settable.
+    filter_block: ClassVar[int] = 128      # batches with a filter row: round-pass steps of at most this
+    filter_programs_per_sm: ClassVar[int] = 32     # ... and this many programs a SM
+    programs_per_sm: ClassVar[int] = 16    # the splits' target otherwise
+    scan_warps: ClassVar[int] = 4
+    draw_scan_cols_cuda: ClassVar[int] = 128   # `draw_scan_cols` None on CUDA
+    draw_scan_warps: ClassVar[int] = 1     # the scan's warps when it draws (one warp: its per-step test stays in it)
+    row_warps: ClassVar[int] = 4           # per-row kernels (select, finish, drain)
+    list_regs: ClassVar[int] = 128         # CUDA: registers a thread of the list kernel (maxnreg): two 8-warp programs a SM
+    bins_regs: ClassVar[int] = 96          # CUDA: registers a thread of the bins pass, whose bracket code (one program
+    #                                        a row) would take 168, and the loop's occupancy with them
 
     def __post_init__(self):
         for name, hi in _POW2_FIELDS.items():
@@ -66,19 +78,14 @@ class KernelConfig:
                 continue
             if not _is_int(v) or not 1 <= v <= hi or v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two in [1, {hi}], got {v!r}")
-        for name, lo in (("programs_per_sm", 1), ("filter_programs_per_sm", 1), ("bracket_all", 0),
-                         ("list_room", 1)):
+        for name, lo in (("bracket_all", 0), ("list_room", 1)):
             v = getattr(self, name)
-            if not (v is None and name in _OPTIONAL) and (not _is_int(v) or v < lo):
+            if not _is_int(v) or v < lo:
                 raise ValueError(f"KernelConfig.{name} must be an integer >= {lo}, got {v!r}")
-        for name in ("list_regs", "hist_regs"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or not 8 <= v <= 255 or v % 8):
-                raise ValueError(f"KernelConfig.{name} must be None or a multiple of 8 in [8, 255], got {v!r}")
-        for name in ("lean", "list_pack"):
-            if not isinstance(getattr(self, name), bool):
-                msg = f"KernelConfig.{name} must be True or False, got {getattr(self, name)!r}"
-                raise ValueError(msg)  # noqa: TRY004 - every field check raises a ValueError naming it
+        if isinstance(self.force, str) or not isinstance(self.force, (set, frozenset, tuple, list)) \
+                or not set(self.force) <= set(FORCE):
+            raise ValueError(f"KernelConfig.force must be a set of {', '.join(FORCE)}, got {self.force!r}")
+        object.__setattr__(self, "force", frozenset(self.force))
         if self.small > self.cap:
             raise ValueError(f"KernelConfig.small must be <= cap ({self.cap}), got {self.small}")
         _cache_hash(self)
@@ -88,14 +95,11 @@ class KernelConfig:
 
 
 _COLS = 1 << 16            # the largest column step or list (Triton blocks hold at most 2**20 entries)
-_POW2_FIELDS = {"block": _COLS, "filter_block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS,
-                "draw_scan_cols": _COLS, "draw_scan_warps": 32, "cap": _COLS,
-                "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "scan_warps": 32,
-                "row_warps": 32, "splits": _COLS, "block_max_cols": _COLS, "lean_block": _COLS,
-                "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32, "list_groups": 32,
-                "list_warps": 32}
-_OPTIONAL = {"splits", "filter_programs_per_sm", "block_max_cols", "hist_block", "hist_warps", "draw_scan_cols",
-             "list_warps"}
+_POW2_FIELDS = {"block": _COLS, "scan_cols": _COLS, "plain_scan_cols": _COLS, "draw_scan_cols": _COLS, "cap": _COLS,
+                "small": _COLS, "pivots": 256, "bins": _COLS, "hist_bins": _COLS, "num_warps": 32, "splits": _COLS,
+                "lean_block": _COLS, "lean_read_cols": _COLS, "hist_block": _COLS, "hist_warps": 32,
+                "list_groups": 32, "list_warps": 32}
+_OPTIONAL = {"splits", "hist_block", "hist_warps", "draw_scan_cols", "list_warps"}
 
 
 def _cache_hash(obj) -> None:
@@ -112,6 +116,7 @@ DEFAULT = KernelConfig()
 
 _FALLBACKS: dict = {}
 _LEANS: dict = {}
+_LISTED: dict = {}
 
 
 def _device_counter(store: dict, dev) -> torch.Tensor:
@@ -133,58 +138,15 @@ def fallback_counter(dev) -> torch.Tensor:
 
 def lean_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: rows of every `sample_rows` call on this device so far that the lean
-    top-p pass resolved (kernels/sample_lean.py). A device tensor: read it off the hot path."""
+    top-p pass resolved (kernels/sample/lists.py). A device tensor: read it off the hot path."""
     return _device_counter(_LEANS, dev)
-
-
-_LISTED: dict = {}
 
 
 def listed_counter(dev) -> torch.Tensor:
     """[1] int32 on `dev`: top-p rows without top-k of every `sample_rows` call on this device so
-    far that the list kernel resolved from the hist pass's list (kernels/sample_list.py); the
+    far that the list kernel resolved from the hist pass's list (kernels/sample/lists.py); the
     others took the bracket method. A device tensor: read it off the hot path."""
     return _device_counter(_LISTED, dev)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def kernels_wanted(device, *, cpu_ok: bool = True) -> bool:
-    """The one gate for every kernel path: CUDA with Triton, or (cpu_ok) CPU when both
-    TPSAMPLE_KERNELS_ON_CPU=1 and TRITON_INTERPRET=1, which is how the CPU tests run the sampling
-    kernels. The engine's kernels (attention, model ops) pass cpu_ok=False: CUDA only."""
-    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    if kind == "cuda":
-        return _cuda_triton()
-    return cpu_ok and kind == "cpu" and os.environ.get("TPSAMPLE_KERNELS_ON_CPU") == "1" and kernels_available(kind)
-
-
-def kernels_available(device) -> bool:
-    """True when these kernels can run on `device`: CUDA with Triton, or CPU under TRITON_INTERPRET=1."""
-    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    if kind == "cuda":
-        return _cuda_triton()
-    return kind == "cpu" and interpreting() and _triton_importable()
-
-
-@functools.cache
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@functools.cache
-def _cuda_triton() -> bool:
-    return _triton_importable() and torch.cuda.is_available()
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 @functools.cache
@@ -192,16 +154,16 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def num_splits(rows: int, cols: int, device, cfg: KernelConfig) -> int:
-    """Programs per row: about cfg.programs_per_sm per SM in all (so R = 1 still fills the GPU), a
-    power of two."""
-    if cfg.splits is not None:
-        return cfg.splits
+def num_splits(rows: int, cols: int, device, shape) -> int:
+    """Programs per row: about shape.programs_per_sm per SM in all (so R = 1 still fills the GPU),
+    a power of two. shape: a KernelConfig, or a batch kind's `sample.launch.Shape`."""
+    if shape.splits is not None:
+        return shape.splits
     if torch.device(device).type != "cuda":
         return 1
     sms = _sm_count(torch.device(device).index or 0)
-    want = _pow2(max(1, (cfg.programs_per_sm * sms) // max(rows, 1)))
-    most = _pow2(max(1, cols // (4 * cfg.scan_cols)))
+    want = next_pow2(max(1, (shape.programs_per_sm * sms) // max(rows, 1)))
+    most = next_pow2(max(1, cols // (4 * shape.scan_cols)))
     return max(1, min(want, most))
 
 

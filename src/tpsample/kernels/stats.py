@@ -1,15 +1,31 @@
-"""Row statistics without a [R, V] temporary: max / argmax, log-sum-exp, top-n, counts above.
+"""Row statistics without a [R, V] temporary (max / argmax, log-sum-exp, top-n, counts above), the
+logprob rows laid out from them, and the vocab-parallel Gumbel draw over a shard; kernels and
+their launches.
 
 stats_kernel, grid (rows, splits): over a split of the transformed row l (fp32(x), / T where
 T != 0, < threshold -> -inf, NaN -> -inf): the max and its lowest column; with LSE an online
-sum of exp(l - running max) in fp32; with TOP a sorted top-n list (NP slots, a power of two >= n) (value desc, column asc),
-merged only when a block holds an entry beating the current n-th; with CNT the count of
-entries > a per-row value (with TOK: the value of l at a per-row global token id).
-combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
+sum of exp(l - running max) in fp32; with TOP a sorted top-n list (NP slots, a power of two >= n)
+(value desc, column asc), merged only when a block holds an entry beating the current n-th; with
+CNT the count of entries > a per-row value (with TOK: the value of l at a per-row global token
+id). combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
+
+gumbel_kernel, grid (rows, splits): the vocab-parallel strategy's local draw over this rank's
+columns: argmax over kept of l + g(key0, key1, global id), ties -> lowest id, with l = fp32(x) / T
+(T == 0 or no T: fp32(x)), NaN -> -inf, kept = l >= thr and l > -inf. The host argmax-combines
+the splits (`launch_gumbel`) and the strategy combines ranks with one gather of the winners.
+
+`raw_logprobs(...)`: a step's raw logprob rows (the sampled token, then the top-n) from one
+`token_logprob_stats` pass, laid out by one kernel for the rows that want them.
 """
+import math
+
+import torch
 import triton
 import triton.language as tl
 
+from ..numerics import next_pow2
+from .config import DEFAULT, KernelConfig, num_splits
+from .launcher import Launcher, stream_scratch
 from .tlutil import (
     BIG_ID32,
     NEG_INF,
@@ -17,6 +33,7 @@ from .tlutil import (
     chunk_bounds,
     div_t,
     fexp,
+    gumbel,
     load_x,
     pair_max,
 )
@@ -140,3 +157,169 @@ def combine_kernel(n, col_offset, max_ptr, arg_ptr, sm_ptr, ss_ptr, top_v_ptr, t
         slot = tl.arange(0, NP)
         tl.store(out_v + row * n + slot, lv, mask=slot < n)
         tl.store(out_i + row * n + slot, tl.where(li == BIG_ID32, -1, li.to(tl.int64) + col_offset), mask=slot < n)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def gumbel_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, key0_ptr, key1_ptr, col_offset, v_ptr, i_ptr,
+                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_T: tl.constexpr):
+    row = tl.program_id(0)
+    part = row * NSPLIT + tl.program_id(1)
+    start, end = chunk_bounds(ncols, CHUNK)
+    row_off = row.to(tl.int64) * stride
+    t = tl.load(t_ptr + row) if HAS_T else 1.0
+    thr = tl.load(thr_ptr + row)
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    best_v = tl.full((), NEG_INF, tl.float32)
+    best_i = tl.zeros((), tl.int32) + start        # nothing kept: (-inf, first column)
+    for s in range(start, end, BLOCK):
+        cols = s + tl.arange(0, BLOCK)
+        l = load_transformed(x_ptr, row_off, cols, cols < end, t, 0.0, HAS_T, False)
+        kept = (l >= thr) & (l > NEG_INF)
+        if tl.sum(kept.to(tl.int32), axis=0) > 0:
+            score = tl.where(kept, l + gumbel(k0, k1, cols + col_offset), NEG_INF)
+            v, i = argmax_pair(score, cols)
+            best_v, best_i = pair_max(best_v, best_i, v, i)
+    tl.store(v_ptr + part, best_v)
+    tl.store(i_ptr + part, best_i)
+
+
+_LAUNCHERS: dict = {}
+
+
+def _launcher(kernel) -> Launcher:
+    got = _LAUNCHERS.get(kernel)
+    if got is None:
+        got = _LAUNCHERS[kernel] = Launcher(kernel)
+    return got
+
+
+def split_shape(x, cfg: KernelConfig):
+    rows, cols = x.shape
+    splits = num_splits(rows, cols, x.device, cfg)
+    chunk = max(cfg.block, math.ceil(math.ceil(cols / splits) / cfg.block) * cfg.block)
+    return rows, cols, splits, chunk
+
+
+def _f32(v, rows, dev):
+    return v.to(dev, torch.float32).contiguous() if v is not None else torch.zeros(rows, dtype=torch.float32, device=dev)
+
+
+def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offset: int, cfg: KernelConfig,
+                 tokens=None):
+    """(max [R], argmax global id [R], lse [R] | None, top_v [R, n], top_i [R, n], count [R] | None).
+    tokens: global ids [R] int64 whose transformed values take the place of `values`."""
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    rows, cols, splits, chunk = split_shape(x, cfg)
+    dev = x.device
+    np_ = next_pow2(n)
+    f32, i64 = torch.float32, torch.int64
+    p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt = stream_scratch(
+        dev, ("stats", rows, splits, np_), lambda: _partials(rows * splits, np_, dev))
+    dummy = p_ss          # an fp32 pointer for the arguments a variant does not read
+    t = dummy if temperature is None else temperature.to(dev, f32).contiguous()
+    thr = dummy if threshold is None else threshold.to(dev, f32).contiguous()
+    counted = values is not None or tokens is not None
+    if tokens is not None:      # read with its stride (a column of the results block): no copy
+        val = tokens.to(dev, i64)
+    else:
+        val = dummy if values is None else values.to(dev, f32).contiguous()
+    _launcher(stats_kernel)((rows, splits), x, x.stride(0), cols, t, thr, val, val.stride(0) if val.dim() else 0, n,
+                            p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, col_offset, NSPLIT=splits, CHUNK=chunk,
+                            BLOCK=cfg.block, HAS_T=temperature is not None, HAS_THR=threshold is not None, LSE=lse,
+                            NP=np_, TOP=n > 0, CNT=counted, TOK=tokens is not None, num_warps=cfg.num_warps)
+    out_max, out_arg = torch.empty(rows, dtype=f32, device=dev), torch.empty(rows, dtype=i64, device=dev)
+    out_lse = torch.empty(rows, dtype=f32, device=dev)
+    out_v = torch.empty((rows, n), dtype=f32, device=dev)
+    out_i = torch.empty((rows, n), dtype=i64, device=dev)
+    out_cnt = torch.empty(rows, dtype=i64, device=dev)
+    _launcher(combine_kernel)((rows,), n, col_offset, p_max, p_arg, p_sm, p_ss, p_tv, p_ti, p_cnt, out_max, out_arg,
+                              out_lse, out_v, out_i, out_cnt, NSPLIT=splits, LSE=lse, NP=np_, TOP=n > 0,
+                              CNT=counted, num_warps=4)
+    return (out_max, out_arg, out_lse if lse else None, out_v, out_i, out_cnt if counted else None)
+
+
+def _partials(parts: int, np_: int, dev) -> tuple:
+    """The per-split partials of `launch_stats` (scratch: combined within the call)."""
+    f32, i32 = torch.float32, torch.int32
+    return (torch.empty(parts, dtype=f32, device=dev), torch.empty(parts, dtype=i32, device=dev),
+            torch.empty(parts, dtype=f32, device=dev), torch.empty(parts, dtype=f32, device=dev),
+            torch.empty(parts * np_, dtype=f32, device=dev), torch.empty(parts * np_, dtype=i32, device=dev),
+            torch.empty(parts, dtype=torch.int64, device=dev))
+
+
+def launch_gumbel(x, temperature, thr, key0, key1, col_offset: int, cfg: KernelConfig = DEFAULT):
+    """The vocab-parallel Gumbel winner of the shard x (see the module docstring); the splits are combined here."""
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    rows, cols, splits, chunk = split_shape(x, cfg)
+    dev = x.device
+    t = _f32(temperature, rows, dev)
+    thr = _f32(thr, rows, dev)
+    common = {"NSPLIT": splits, "CHUNK": chunk, "BLOCK": cfg.block, "HAS_T": temperature is not None,
+              "num_warps": cfg.num_warps}
+    grid = (rows, splits)
+    v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
+    i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
+    _launcher(gumbel_kernel)(grid, x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),
+                        key1.to(dev, torch.int64).contiguous(), col_offset,
+                        v, i, **common)
+    v, i = v.view(rows, splits), i.view(rows, splits).to(torch.int64)
+    best = v.max(dim=1).values
+    ids = torch.where(v == best.unsqueeze(1), i, torch.full_like(i, 2**62)).min(dim=1).values
+    return best, ids + col_offset
+
+
+@triton.jit
+def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset, lse_ptr, tv_ptr, ti_ptr, n, cnt_ptr,
+                         i64_ptr, i64_stride, slot_ptr, ids_out, vals_out, ranks_out, width,
+                         NUM_LP: tl.constexpr, PROCESSED: tl.constexpr, WP: tl.constexpr):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    nlp = tl.load(i64_ptr + NUM_LP * i64_stride + slot)
+    want = (nlp >= 0) & (tl.load(i64_ptr + PROCESSED * i64_stride + slot) == 0)
+    tok = tl.load(tok_ptr + row * tok_stride)
+    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
+    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
+    v = tl.where(v != v, float("-inf"), v)
+    lse = tl.load(lse_ptr + row).to(tl.float64)
+    j = tl.arange(0, WP)
+    top = (j >= 1) & (j <= n)
+    ids = tl.where(j == 0, tok, tl.load(ti_ptr + row * n + (j - 1), mask=top, other=-1))
+    vals = tl.where(j == 0, v, tl.load(tv_ptr + row * n + (j - 1), mask=top, other=float("-inf"))).to(tl.float64)
+    lp = vals - lse
+    lp = tl.where(lse == float("inf"), tl.where(vals == float("inf"), 0.0, float("-inf")), lp)
+    lp = tl.where(ids >= 0, lp, float("-inf"))
+    lp = tl.where(lse > float("-inf"), lp, float("-inf"))
+    keep = (j <= nlp) & (j < WP + want.to(tl.int32) * 0)      # columns up to the row's n ...
+    keep = tl.where(want, keep, j < 0)                          # ... of rows that want raw logprobs
+    out = j < width
+    tl.store(ids_out + row * width + j, tl.where(keep, ids, -1), mask=out)
+    tl.store(vals_out + row * width + j, tl.where(keep, lp, float("-inf")).to(tl.float32), mask=out)
+    tl.store(ranks_out + row, tl.where(want, tl.load(cnt_ptr + row) + 1, 0))
+
+
+_RAW_LP = Launcher(_raw_logprobs_kernel)
+
+
+def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int,
+                 out=None):
+    """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R])
+    (new tensors, or written into `out`).
+
+    Column 0 the sampled token, then the top-n; rows that want no raw logprobs (per the slot
+    tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py)."""
+    rows, n = top_v.shape
+    dev = tokens.device
+    if out is not None:
+        ids, vals, ranks = out
+    else:
+        ids = torch.empty((rows, width), dtype=torch.int64, device=dev)
+        vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
+        ranks = torch.empty(rows, dtype=torch.int64, device=dev)
+    if rows:
+        _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
+                top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
+                WP=next_pow2(width), **columns)
+    return ids, vals, ranks

@@ -1,16 +1,29 @@
-"""Small per-step kernels that replace chains of tiny torch ops on the GPU (one launch each).
+"""Small per-step kernels around the sampling pipeline, one launch each where torch needs a chain
+of tiny ops on the GPU.
 
+Before the draw:
 - `row_keys(seeds, positions, salt)`: the two 32-bit row keys of `tpsample.noise.row_keys`
   (same bits; uint32 arithmetic wraps as the torch version's 16-bit halves emulate).
 - `prepare_rows(...)`: a step's per-row kernel inputs gathered from the per-slot tables (T,
-  top-k, top-p, log(min-p)) and the draw's row keys from (seed, position), in one launch.
-- `prepare_given(...)`: the same inputs from parameters given per row (the stateless ops).
-- `split_outputs(...)`: finalize_rows's columns as separate tensors (the ops' outputs).
-- `finalize_rows(...)`: the packed per-request block (token, 1, 0, NaN count, guard flag) of a
-  step without drafts from the kernels' outputs (+inf winners flagged, the guard's token when
-  given), in one launch.
+  top-k, top-p, log(min-p)) and the draw's row keys from (seed, position); `prepare_given(...)`:
+  the same inputs from parameters given per row (the stateless ops). One kernel, two modes.
+- `prep_rows_(l, col_start, bitmask=None)`: one streaming pass over fp32 rows l [R, cols] (unit
+  column stride; column j is global token col_start + j) before the token processors run, in
+  place, in this order per entry v: NaN -> -inf, counted (step 1); with a grammar bitmask
+  [R, ceil(V/32)] int32 (bit t % 32 of word t // 32 set = allowed), disallowed -> -inf (step 2).
+  It returns per split of each row (nans [R, S] int32, best value [R, S] fp32, best global id
+  [R, S] int64): the NaN count, and the largest value with the lowest id holding it (-inf and a
+  sentinel id past V when the split holds no column), which `finalize_rows` reduces to the
+  guard's token: the best grammar-allowed token of the raw row. S is a power of two. The torch
+  version is `processors.mask_nans`, `processors.apply_bitmask` and `draw.local_argmax` in that
+  order: three passes and, for the bitmask, [rows, cols] temporaries in row chunks.
 - `mask_nans_(l)`: NaN -> -inf in place on fp32 rows, returning each row's NaN count (the torch
   version needs row chunks to bound its boolean temporaries: dozens of launches at 256 x 152k).
+After the draw (the logprob rows are `kernels.stats.raw_logprobs`):
+- `finalize_rows(...)`: the packed per-request block (token, 1, 0, NaN count, guard flag) of a
+  step without drafts from the kernels' outputs (+inf winners flagged, the guard's token when
+  given); `split_outputs(...)`: its columns as separate tensors (the ops' outputs). One kernel,
+  two modes.
 The torch versions stay the reference and the CPU path; tests compare them under the
 interpreter. Must not import tpsample.sampling or tpsample.state.
 """
@@ -20,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .launcher import Launcher, cdiv, next_pow2
-from .rng_triton import fmix32
+from .launcher import Launcher, cdiv
+from .tlutil import fmix32
 
 ROW_KEY1_SALT = tl.constexpr(0x68E31DA4)
 
@@ -91,48 +104,44 @@ def mask_nans_(l: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _prepare_kernel(f32_ptr, f32_stride, i64_ptr, i64_stride, num_out_ptr, slot_ptr, off_ptr, n, salt,
+def _prepare_kernel(f32_ptr, f32_stride, i64_ptr, i64_stride, num_out_ptr, slot_ptr, off_ptr,
+                    t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, pos_ptr, n, ncols, salt,
                     t_out, k_out, p_out, lmp_out, k0_out, k1_out,
                     T: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, SEED: tl.constexpr,
-                    TOP_K: tl.constexpr, PROMPT_LEN: tl.constexpr, BLOCK: tl.constexpr):
+                    TOP_K: tl.constexpr, PROMPT_LEN: tl.constexpr, GIVEN: tl.constexpr, BLOCK: tl.constexpr):
+    """GIVEN: from the parameters given per row (t_ptr ... pos_ptr, ncols); else gathered from the
+    slot tables (f32_ptr ... off_ptr, their columns T ... PROMPT_LEN). The other mode's arguments
+    are None (constexpr: compiled out)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
-    slot = tl.load(slot_ptr + offs, mask=ok, other=0)
-    tl.store(t_out + offs, tl.load(f32_ptr + T * f32_stride + slot, mask=ok), mask=ok)
-    tl.store(p_out + offs, tl.load(f32_ptr + TOP_P * f32_stride + slot, mask=ok), mask=ok)
-    tl.store(lmp_out + offs, tl.log(tl.load(f32_ptr + MIN_P * f32_stride + slot, mask=ok, other=1.0)), mask=ok)
-    tl.store(k_out + offs, tl.load(i64_ptr + TOP_K * i64_stride + slot, mask=ok).to(tl.int32), mask=ok)
-    seed = tl.load(i64_ptr + SEED * i64_stride + slot, mask=ok, other=0)
-    pos = tl.load(i64_ptr + PROMPT_LEN * i64_stride + slot, mask=ok, other=0) \
-        + tl.load(num_out_ptr + slot, mask=ok, other=0) + tl.load(off_ptr + offs, mask=ok, other=0)
+    if GIVEN:
+        t = tl.load(t_ptr + offs, mask=ok, other=1.0)
+        k = tl.load(k_ptr + offs, mask=ok, other=0)
+        greedy = t == 0
+        # as the Sampler stores a request: greedy rows have no filters; top-k <= 0 or >= V is off
+        k = tl.where(greedy | (k <= 0) | (k >= ncols), 0, k)
+        tl.store(t_out + offs, t, mask=ok)
+        tl.store(k_out + offs, k.to(tl.int32), mask=ok)
+        tl.store(p_out + offs, tl.where(greedy, 1.0, tl.load(p_ptr + offs, mask=ok, other=1.0)), mask=ok)
+        tl.store(lmp_out + offs, tl.log(tl.where(greedy, 0.0, tl.load(mp_ptr + offs, mask=ok, other=1.0))), mask=ok)
+        seed = tl.load(seed_ptr + offs, mask=ok, other=0)
+        pos = tl.load(pos_ptr + offs, mask=ok, other=0)
+    else:
+        slot = tl.load(slot_ptr + offs, mask=ok, other=0)
+        tl.store(t_out + offs, tl.load(f32_ptr + T * f32_stride + slot, mask=ok), mask=ok)
+        tl.store(p_out + offs, tl.load(f32_ptr + TOP_P * f32_stride + slot, mask=ok), mask=ok)
+        tl.store(lmp_out + offs, tl.log(tl.load(f32_ptr + MIN_P * f32_stride + slot, mask=ok, other=1.0)), mask=ok)
+        tl.store(k_out + offs, tl.load(i64_ptr + TOP_K * i64_stride + slot, mask=ok).to(tl.int32), mask=ok)
+        seed = tl.load(i64_ptr + SEED * i64_stride + slot, mask=ok, other=0)
+        pos = tl.load(i64_ptr + PROMPT_LEN * i64_stride + slot, mask=ok, other=0) \
+            + tl.load(num_out_ptr + slot, mask=ok, other=0) + tl.load(off_ptr + offs, mask=ok, other=0)
     k0, k1 = keys_of(seed, pos, salt)
     tl.store(k0_out + offs, k0.to(tl.int64), mask=ok)
     tl.store(k1_out + offs, k1.to(tl.int64), mask=ok)
 
 
 _PREPARE = Launcher(_prepare_kernel)
-
-
-@triton.jit
-def _prepare_given_kernel(t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, pos_ptr, n, ncols, salt,
-                          t_out, k_out, p_out, lmp_out, k0_out, k1_out, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    t = tl.load(t_ptr + offs, mask=ok, other=1.0)
-    k = tl.load(k_ptr + offs, mask=ok, other=0)
-    greedy = t == 0
-    # as the Sampler stores a request: greedy rows have no filters; top-k <= 0 or >= V is off
-    k = tl.where(greedy | (k <= 0) | (k >= ncols), 0, k)
-    tl.store(t_out + offs, t, mask=ok)
-    tl.store(k_out + offs, k.to(tl.int32), mask=ok)
-    tl.store(p_out + offs, tl.where(greedy, 1.0, tl.load(p_ptr + offs, mask=ok, other=1.0)), mask=ok)
-    tl.store(lmp_out + offs, tl.log(tl.where(greedy, 0.0, tl.load(mp_ptr + offs, mask=ok, other=1.0))), mask=ok)
-    k0, k1 = keys_of(tl.load(seed_ptr + offs, mask=ok, other=0), tl.load(pos_ptr + offs, mask=ok, other=0), salt)
-    tl.store(k0_out + offs, k0.to(tl.int64), mask=ok)
-    tl.store(k1_out + offs, k1.to(tl.int64), mask=ok)
-
-
-_PREPARE_GIVEN = Launcher(_prepare_given_kernel)
+_NO_COLUMNS = dict.fromkeys(("T", "TOP_P", "MIN_P", "SEED", "TOP_K", "PROMPT_LEN"), 0)    # (unread when GIVEN)
 
 
 def prepare_given(temperature, top_k, top_p, min_p, seeds, positions, ncols: int, salt: int, out=None):
@@ -142,8 +151,8 @@ def prepare_given(temperature, top_k, top_p, min_p, seeds, positions, ncols: int
     bufs = out if out is not None else row_buffers(n, temperature.device)
     if n:
         block = 256
-        _PREPARE_GIVEN((cdiv(n, block),), temperature, top_k, top_p, min_p, seeds, positions, n, ncols,
-                       salt & 0xFFFFFFFF, *bufs, BLOCK=block)
+        _PREPARE((cdiv(n, block),), None, None, None, None, None, None, None, temperature, top_k, top_p, min_p,
+                 seeds, positions, n, ncols, salt & 0xFFFFFFFF, *bufs, **_NO_COLUMNS, GIVEN=True, BLOCK=block)
     return bufs
 
 
@@ -164,8 +173,68 @@ def prepare_rows(f32_table, i64_table, num_out, slots, offsets, salt: int, colum
     if n:
         block = 256
         _PREPARE((cdiv(n, block),), f32_table, f32_table.stride(0), i64_table, i64_table.stride(0), num_out,
-                 slots, offsets, n, salt & 0xFFFFFFFF, t, k, p, lmp, k0, k1, BLOCK=block, **columns)
+                 slots, offsets, None, None, None, None, None, None, n, None, salt & 0xFFFFFFFF, t, k, p, lmp, k0, k1,
+                 **columns, GIVEN=False, BLOCK=block)
     return t, k, p, lmp, k0, k1
+
+
+NO_ID = tl.constexpr(0x7FFFFFFFFFFFFFFF)
+SPLITS = 8
+
+
+@triton.jit
+def _prep_kernel(l_ptr, stride, ncols, col_start, mask_ptr, mask_stride, nans_ptr, gv_ptr, gi_ptr,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, NSPLIT: tl.constexpr, HAS_MASK: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    base = l_ptr + row.to(tl.int64) * stride
+    n = tl.zeros((), tl.int32)
+    best_v = tl.full((), float("-inf"), tl.float32)
+    best_i = tl.full((), NO_ID, tl.int64)
+    for s in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK):
+        cols = s + tl.arange(0, BLOCK)
+        ok = cols < ncols
+        v = tl.load(base + cols, mask=ok, other=float("-inf"))
+        bad = (v != v) & ok
+        n += tl.sum(bad.to(tl.int32), axis=0)
+        w = tl.where(bad, float("-inf"), v)
+        if HAS_MASK:
+            g = col_start + cols
+            word = tl.load(mask_ptr + row.to(tl.int64) * mask_stride + g // 32, mask=ok, other=-1)
+            w = tl.where(((word >> (g % 32)) & 1) != 0, w, float("-inf"))
+        tl.store(base + cols, w, mask=ok & (bad | (w != v)))
+        m = tl.max(w, axis=0)
+        first = tl.min(tl.where(ok & (w == m), cols, ncols), axis=0)
+        better = m > best_v
+        best_i = tl.where(better, (col_start + first).to(tl.int64), best_i)
+        best_v = tl.where(better, m, best_v)
+    out = row * NSPLIT + split
+    tl.store(nans_ptr + out, n)
+    tl.store(gv_ptr + out, best_v)
+    tl.store(gi_ptr + out, best_i)
+
+
+_PREP = Launcher(_prep_kernel)
+
+
+def prep_rows_(l: torch.Tensor, col_start: int, bitmask=None):
+    """(nans [R, S] int32, best values [R, S] fp32, best ids [R, S] int64); `prep_rows_` in the module docstring."""
+    rows, cols = l.shape
+    dev = l.device
+    nans = torch.empty((rows, SPLITS), dtype=torch.int32, device=dev)
+    gv = torch.empty((rows, SPLITS), dtype=torch.float32, device=dev)
+    gi = torch.empty((rows, SPLITS), dtype=torch.int64, device=dev)
+    if rows:
+        if l.dtype != torch.float32 or (cols and l.stride(1) != 1):
+            raise ValueError("prep_rows_ takes fp32 rows with unit column stride")
+        block = 1024
+        chunk = block * max(1, cdiv(cdiv(cols, block), SPLITS))
+        if bitmask is not None:
+            bitmask = bitmask.to(dev, non_blocking=True)
+        mask = bitmask if bitmask is not None else nans
+        _PREP((rows, SPLITS), l, l.stride(0), cols, col_start, mask, mask.stride(0), nans, gv, gi,
+              CHUNK=chunk, BLOCK=block, NSPLIT=SPLITS, HAS_MASK=bitmask is not None)
+    return nans, gv, gi
 
 
 @triton.jit
@@ -178,41 +247,37 @@ def _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, col_offset):
 
 @triton.jit
 def _finalize_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, col_offset, nans_ptr, gv_ptr, gi_ptr, out_ptr,
-                     NSPLIT: tl.constexpr, GSPLIT: tl.constexpr, HAS_GUARD: tl.constexpr):
+                     fb_out, nans_out, ranks_out, NSPLIT: tl.constexpr, GSPLIT: tl.constexpr,
+                     HAS_GUARD: tl.constexpr, SPLIT: tl.constexpr):
+    """SPLIT: the block's columns as separate tensors (fb_out, nans_out, ranks_out) of full rows
+    (col_offset 0, no guard); else the [R, 5] block at out_ptr. The other mode's arguments are
+    None (constexpr: compiled out)."""
     row = tl.program_id(0)
     tok = tl.load(tok_ptr + row)
-    fallback = _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, col_offset)
-    if HAS_GUARD:   # the largest value over the guard's parts, the lowest id holding it
-        g = row * GSPLIT + tl.arange(0, GSPLIT)
-        gvs = tl.load(gv_ptr + g)
-        gvs = tl.where(gvs != gvs, float("-inf"), gvs)
-        gv = tl.max(gvs, axis=0)
-        gi = tl.min(tl.where(gvs == gv, tl.load(gi_ptr + g), 0x7FFFFFFFFFFFFFFF), axis=0)
-        guard = tl.where(gv > float("-inf"), gi, 0)
-        tok = tl.where(fallback, guard, tok)
-    nans = tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0)
-    base = out_ptr + row * 5
-    tl.store(base, tok)
-    tl.store(base + 1, 1)
-    tl.store(base + 2, 0)
-    tl.store(base + 3, nans)
-    tl.store(base + 4, fallback.to(tl.int64))
+    if SPLIT:
+        tl.store(fb_out + row, _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, 0))
+        tl.store(nans_out + row, tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0))
+        tl.store(ranks_out + row, 0)
+    else:
+        fallback = _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, col_offset)
+        if HAS_GUARD:   # the largest value over the guard's parts, the lowest id holding it
+            g = row * GSPLIT + tl.arange(0, GSPLIT)
+            gvs = tl.load(gv_ptr + g)
+            gvs = tl.where(gvs != gvs, float("-inf"), gvs)
+            gv = tl.max(gvs, axis=0)
+            gi = tl.min(tl.where(gvs == gv, tl.load(gi_ptr + g), 0x7FFFFFFFFFFFFFFF), axis=0)
+            guard = tl.where(gv > float("-inf"), gi, 0)
+            tok = tl.where(fallback, guard, tok)
+        nans = tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0)
+        base = out_ptr + row * 5
+        tl.store(base, tok)
+        tl.store(base + 1, 1)
+        tl.store(base + 2, 0)
+        tl.store(base + 3, nans)
+        tl.store(base + 4, fallback.to(tl.int64))
 
 
 _FINALIZE = Launcher(_finalize_kernel)
-
-
-@triton.jit
-def _outputs_kernel(tok_ptr, valid_ptr, x_ptr, x_stride, ncols, nans_ptr, fb_out, nans_out, ranks_out,
-                    NSPLIT: tl.constexpr):
-    row = tl.program_id(0)
-    tok = tl.load(tok_ptr + row)
-    tl.store(fb_out + row, _fallback(row, tok, valid_ptr, x_ptr, x_stride, ncols, 0))
-    tl.store(nans_out + row, tl.sum(tl.load(nans_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0))
-    tl.store(ranks_out + row, 0)
-
-
-_OUTPUTS = Launcher(_outputs_kernel)
 
 
 def split_outputs(tokens, valid, x, nans, out=None):
@@ -227,7 +292,8 @@ def split_outputs(tokens, valid, x, nans, out=None):
         counts = torch.empty(rows, dtype=torch.int64, device=dev)
         ranks = torch.empty(rows, dtype=torch.int64, device=dev)
     if rows:
-        _OUTPUTS((rows,), tokens, valid, x, x.stride(0), x.shape[1], nans, fb, counts, ranks, NSPLIT=nans.shape[1])
+        _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], None, nans, None, None, None, fb, counts, ranks,
+                  NSPLIT=nans.shape[1], GSPLIT=1, HAS_GUARD=False, SPLIT=True)
     return fb, counts, ranks
 
 
@@ -243,59 +309,6 @@ def finalize_rows(tokens, valid, x, col_offset: int, nans, guard=None) -> torch.
         parts = gv.shape[1] if gv.dim() == 2 else 1
         nans = nans.contiguous()
         _FINALIZE((rows,), tokens, valid, x, x.stride(0), x.shape[1], col_offset, nans, gv.contiguous(),
-                  gi.contiguous(), out, NSPLIT=nans.shape[1], GSPLIT=parts, HAS_GUARD=guard is not None)
+                  gi.contiguous(), out, None, None, None, NSPLIT=nans.shape[1], GSPLIT=parts,
+                  HAS_GUARD=guard is not None, SPLIT=False)
     return out
-
-
-@triton.jit
-def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset, lse_ptr, tv_ptr, ti_ptr, n, cnt_ptr,
-                         i64_ptr, i64_stride, slot_ptr, ids_out, vals_out, ranks_out, width,
-                         NUM_LP: tl.constexpr, PROCESSED: tl.constexpr, WP: tl.constexpr):
-    row = tl.program_id(0)
-    slot = tl.load(slot_ptr + row)
-    nlp = tl.load(i64_ptr + NUM_LP * i64_stride + slot)
-    want = (nlp >= 0) & (tl.load(i64_ptr + PROCESSED * i64_stride + slot) == 0)
-    tok = tl.load(tok_ptr + row * tok_stride)
-    local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
-    v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
-    v = tl.where(v != v, float("-inf"), v)
-    lse = tl.load(lse_ptr + row).to(tl.float64)
-    j = tl.arange(0, WP)
-    top = (j >= 1) & (j <= n)
-    ids = tl.where(j == 0, tok, tl.load(ti_ptr + row * n + (j - 1), mask=top, other=-1))
-    vals = tl.where(j == 0, v, tl.load(tv_ptr + row * n + (j - 1), mask=top, other=float("-inf"))).to(tl.float64)
-    lp = vals - lse
-    lp = tl.where(lse == float("inf"), tl.where(vals == float("inf"), 0.0, float("-inf")), lp)
-    lp = tl.where(ids >= 0, lp, float("-inf"))
-    lp = tl.where(lse > float("-inf"), lp, float("-inf"))
-    keep = (j <= nlp) & (j < WP + want.to(tl.int32) * 0)      # columns up to the row's n ...
-    keep = tl.where(want, keep, j < 0)                          # ... of rows that want raw logprobs
-    out = j < width
-    tl.store(ids_out + row * width + j, tl.where(keep, ids, -1), mask=out)
-    tl.store(vals_out + row * width + j, tl.where(keep, lp, float("-inf")).to(tl.float32), mask=out)
-    tl.store(ranks_out + row, tl.where(want, tl.load(cnt_ptr + row) + 1, 0))
-
-
-_RAW_LP = Launcher(_raw_logprobs_kernel)
-
-
-def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int,
-                 out=None):
-    """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R])
-    (new tensors, or written into `out`).
-
-    Column 0 the sampled token, then the top-n; rows that want no raw logprobs (per the slot
-    tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py)."""
-    rows, n = top_v.shape
-    dev = tokens.device
-    if out is not None:
-        ids, vals, ranks = out
-    else:
-        ids = torch.empty((rows, width), dtype=torch.int64, device=dev)
-        vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
-        ranks = torch.empty(rows, dtype=torch.int64, device=dev)
-    if rows:
-        _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
-                top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
-                WP=next_pow2(width), **columns)
-    return ids, vals, ranks

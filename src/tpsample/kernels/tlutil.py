@@ -1,4 +1,5 @@
-"""Small Triton device helpers shared by the kernels: row transform, keys, masses, argmax pairs.
+"""Small Triton device helpers shared by the kernels: row transform, keys, masses, argmax pairs,
+per-lane PTX, and the noise's Triton twin.
 
 Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter runs them), except
 `fexp`, which picks libdevice's `expf` when EXACT_EXP is set (GPU only): torch's CUDA `exp` is
@@ -6,6 +7,16 @@ that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` l
 faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where`, `store_where`,
 `store_pair_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
 (compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops.
+
+The noise twin of `tpsample.noise` (`uniform_bits`, `gumbel_from_bits`, `gumbel`): for key0 /
+key1 (uint32) and global token ids, `uniform_bits` returns exactly the u of `noise.uniform_bits`
+(native uint32 arithmetic wraps mod 2**32, which is what the torch version emulates with 16-bit
+halves), and `gumbel_from_bits` evaluates the same fp32 formula g = -log(-log1p(-W)),
+W = min((u + 1/2) * 2**-32, 1 - 2**-24), with log1p by Goldberg's identity and IEEE
+round-to-nearest divisions (`tl.div_rn`, never the approximate `/`). u is identical everywhere;
+g is identical wherever `log` is: on NVIDIA GPUs `tl.log` lowers to libdevice `__nv_logf`, the
+same routine torch's CUDA `log` calls; the CPU paths (torch on CPU, the interpreter's numpy) may
+differ from it in the last ulp.
 """
 import triton
 import triton.language as tl
@@ -14,6 +25,7 @@ try:  # libdevice's functions are stubs the interpreter cannot run; only used wh
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - very old Triton
     libdevice = None
+
 
 NEG_INF = tl.constexpr(float("-inf"))
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)     # order_key(-inf)
@@ -42,7 +54,7 @@ def div_by(x, t, y):
     2**-100 <= |x| <= 2**100 and 2**-20 <= T <= 2**20 (and x = 0). No per-entry reciprocal and no
     slow-path branch, which is what `div_t`'s division costs per entry. Outside that range the
     result is near x / T, or NaN for infinite x: callers use it only where that cannot change
-    what they compute (`sample_hist.fast_division_ok`)."""
+    what they compute (`hist.fast_division_ok`)."""
     q0 = x * y
     r = tl.fma(-q0, tl.zeros_like(x) + t, x)
     return tl.fma(r, tl.zeros_like(x) + y, q0)
@@ -227,88 +239,54 @@ def chunk_bounds(ncols, CHUNK: tl.constexpr):
     return start, tl.minimum(start + CHUNK, ncols)
 
 
-@triton.jit
-def bisection_steps(d):
-    """The halvings that take an integer interval of size d >= 1 down to 1: d's bit length (exact
-    through float64 for d < 2**53), as int32; 33, the full key range's count, when d < 1."""
-    e = (d.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF
-    return tl.where(d >= 1, e - 1022, 33).to(tl.int32)
+GOLDEN = tl.constexpr(0x9E3779B1)
+W_MAX = tl.constexpr(0.99999994039535522)  # 1 - 2**-24, exact in fp32
+TWO_POW_M32 = tl.constexpr(2.3283064365386963e-10)  # 2**-32, exact in fp32
 
 
 @triton.jit
-def max_key_with_count(keys, valid, k):
-    """Largest key kappa with #(valid keys >= kappa) >= k, by bisection (keys int64 in [0, 2**32);
-    the caller ensures at least k valid keys). The search starts from the valid keys' own range
-    and takes only the steps it needs (the same kappa as over [0, 2**32): it is the k-th largest
-    key), else from the whole range."""
-    kmin = tl.min(tl.where(valid, keys, 1 << 32), axis=0)
-    kmax = tl.max(tl.where(valid, keys, -1), axis=0)
-    narrow = (k >= 1) & (tl.sum(valid.to(tl.int32), axis=0) >= k)
-    lo = tl.where(narrow, kmin, 0)
-    hi = tl.where(narrow, kmax + 1, 1 << 32)
-    for _ in range(bisection_steps(hi - lo)):    # a fixed count: a reduction inside a while loop raced on Triton 3.6
-        mid = (lo + hi) >> 1
-        ok = tl.sum((valid & (keys >= mid)).to(tl.int32), axis=0) >= k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    return lo
+def fmix32(x):
+    """Murmur3's 32-bit finaliser on uint32 (multiplications wrap mod 2**32)."""
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
 
 
 @triton.jit
-def min_key_mass_below(keys, e, base, target, lo, hi):
-    """Smallest kappa in (lo, hi] with float64(base + sum(e where keys > kappa)) < target, by
-    bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums). It
-    takes the bit length of hi - lo steps (a bracket's candidates span a few bins: ~15 instead of
-    the full key range's 33), after which lo + 1 == hi."""
-    for _ in range(bisection_steps(hi - lo)):
-        mid = (lo + hi) >> 1
-        ok = (base + tl.sum(tl.where(keys > mid, e, 0), axis=0)).to(tl.float64) < target
-        hi = tl.where(ok, mid, hi)
-        lo = tl.where(ok, lo, mid)
-    return hi
+def uniform_bits(key0, key1, token_ids):
+    """u (uint32) for row keys key0, key1 (uint32) and global token ids (any int type)."""
+    return uniform_bits_spread(key0, key1, token_ids.to(tl.uint32) * GOLDEN)
 
 
 @triton.jit
-def min_key_mass_few(keys, e, base, target, lo, hi, n_lo, scratch, FEW: tl.constexpr, PTX: tl.constexpr):
-    """`min_key_mass_below`'s kappa (the same value) in fewer reductions, for keys int64 in
-    [0, 2**32) with -1 for a non-candidate (e 0 there) and none above hi; n_lo = #(keys > lo).
-    It bisects only while more than FEW keys lie in (lo, hi] (a count beside each step's mass),
-    then settles kappa among those keys at once: kappa is the smallest of them, c, with
-    float64(f(c)) < target, f(c) = f(hi) + the mass of those above c (the largest one passes, as
-    f(hi) does; there is one, as f(hi) < target <= f(lo)). They are gathered in `scratch`
-    (2 * FEW + 1 int64 words of the program's, free once every warp has passed the caller's last
-    reduction) through a counter there (`claim_where` and `store_where`, PTX as there: Triton's
-    own scattered int64 stores took the list kernel from 153 to 220 registers a thread). Rows
-    whose candidates crowd one key range (ties) bisect to lo + 1 == hi as before."""
-    f_hi = base
-    n_hi = tl.zeros((), tl.int32)
-    for _ in range(bisection_steps(hi - lo)):    # a fixed count (see `max_key_with_count`)
-        if n_lo - n_hi > FEW:
-            mid = (lo + hi) >> 1
-            above = keys > mid
-            f = base + tl.sum(tl.where(above, e, 0), axis=0)
-            n = tl.sum(above.to(tl.int32), axis=0)
-            ok = f.to(tl.float64) < target
-            hi = tl.where(ok, mid, hi)
-            f_hi = tl.where(ok, f, f_hi)
-            n_hi = tl.where(ok, n, n_hi)
-            lo = tl.where(ok, lo, mid)
-            n_lo = tl.where(ok, n_lo, n)
-    thr = hi
-    if hi - lo > 1:
-        n = n_lo - n_hi
-        inb = (keys > lo) & (keys <= hi)
-        counter = (scratch + 2 * FEW).to(tl.pointer_type(tl.int32))
-        tl.store(counter, 0)
-        tl.debug_barrier()       # (and every warp is past the caller's reads of the scratch)
-        pos = claim_where(counter + tl.zeros_like(inb.to(tl.int32)), inb, PTX)
-        store_where(scratch, pos, keys, inb, PTX)
-        store_where(scratch + FEW, pos, e, inb, PTX)
-        tl.debug_barrier()
-        j = tl.arange(0, FEW)
-        cj = tl.load(scratch + j, mask=j < n, other=-1)
-        ej = tl.load(scratch + FEW + j, mask=j < n, other=0)
-        f = f_hi + tl.sum(tl.where(cj[None, :] > cj[:, None], ej[None, :], 0), axis=1)
-        good = (j < n) & (f.to(tl.float64) < target)
-        thr = tl.min(tl.where(good, cj, hi), axis=0)
-    return thr
+def uniform_bits_spread(key0, key1, spread):
+    """`uniform_bits` given spread = token id * GOLDEN (uint32, mod 2**32): a streaming pass
+    forms it as (step's first id) * GOLDEN + (lane offset * GOLDEN, loop-invariant), one add
+    an entry, since the product distributes over the sum mod 2**32."""
+    x = fmix32(key0 ^ spread)
+    return fmix32(x ^ key1)
+
+
+@triton.jit
+def neg_log1p_neg(w):
+    """-log1p(-w) for w in (0, 1): Goldberg's identity, exactly as `noise.neg_log1p_neg`."""
+    y = 1.0 - w
+    d = 1.0 - y
+    safe = tl.where(d == 0.0, 1.0, d)
+    return tl.where(d == 0.0, w, -tl.log(y) * tl.div_rn(w, safe))
+
+
+@triton.jit
+def gumbel_from_bits(u):
+    """Standard Gumbel noise (fp32) from uint32 bits, the formula of `noise.gumbel_from_bits`."""
+    w = (u.to(tl.float32) + 0.5) * TWO_POW_M32
+    w = tl.minimum(w, W_MAX)
+    return -tl.log(neg_log1p_neg(w))
+
+
+@triton.jit
+def gumbel(key0, key1, token_ids):
+    """g(key, id): the draw noise for global token ids."""
+    return gumbel_from_bits(uniform_bits(key0, key1, token_ids))

@@ -2,7 +2,7 @@
 
 Numerics follow transformers' eager code step for step (fp32 variance in RMSNorm, fp32 angles
 cast to the activation dtype in RoPE) so logits match the reference tightly. On CUDA tensors the
-norm and the activation run as one fused Triton kernel each (`tpsample.kernels.model_ops`); the
+norm and the activation run as one fused Triton kernel each (`tpsample.model.ops_kernels`); the
 torch code here is the CPU path and their reference.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsample.kernels.config import kernels_wanted
+from tpsample.kernels.gate import kernels_wanted
 from tpsample.model.config import RopeConfig
 
 
@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x), or with a residual: (norm(x + residual), x + residual) (the next residual)."""
         if use_kernels(x):
-            from tpsample.kernels.model_ops import rms_norm
+            from tpsample.model.ops_kernels import rms_norm
 
             out, res = rms_norm(x, self.weight, self.eps, residual)
             return out if residual is None else (out, res)
@@ -51,7 +51,7 @@ class SiluAndMul(nn.Module):
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] (gate | up) -> silu(gate) * up [T, I]."""
         if use_kernels(gate_up):
-            from tpsample.kernels.model_ops import silu_mul
+            from tpsample.model.ops_kernels import silu_mul
 
             return silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)

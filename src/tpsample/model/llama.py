@@ -42,7 +42,7 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if meta.paged is not None and self.rotary_emb.has_table and use_kernels(x):
-            from tpsample.kernels.model_ops import rope_store
+            from tpsample.model.ops_kernels import rope_store
 
             table = self.rotary_emb.cos_sin_table(meta.paged.max_seq_len, x.device)
             k_cache, v_cache = self.attn.kv_cache

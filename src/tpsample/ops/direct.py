@@ -11,7 +11,7 @@ Contract:
 - Launch lists: the first call of a *site* (x's shape, strides, dtype and 16-byte alignment,
   each parameter's alignment, the hints, the logprob count, the device and stream) launches
   normally while recorded; later calls of that site issue the recorded launches with the new
-  tensors' pointers (`kernels.relaunch`): the same kernels with the same arguments, so the same
+  tensors' pointers (`kernels.launcher.LaunchList`): the same kernels with the same arguments, so the same
   results bit for bit, without Triton binding each argument (most of an eager call's host
   time). A recording that did device work outside the kernels (a first call also creates
   caches) or compiled a kernel is not kept: the site records again on its next call, and
@@ -62,7 +62,8 @@ def _lp_rows(n: int, lp: int, dev) -> tuple:
 def _launch(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows) -> None:
     """The route's launches, writing into `outs` (`_outputs`)."""
     from ..kernels import step_ops
-    from ..kernels.dispatch import sample_rows, token_logprob_stats
+    from ..kernels.sample import sample_rows, token_logprob_stats
+    from ..kernels.stats import raw_logprobs
     n, dev = x.shape[0], x.device
     bufs, valid = stream_scratch(dev, ("ops_rows", n), lambda: (step_ops.row_buffers(n, dev),
                                                                  torch.empty(n, dtype=torch.bool, device=dev)))
@@ -72,13 +73,13 @@ def _launch(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows) -> None
     step_ops.split_outputs(tokens, valid, x, nans, out=(fallback, counts, ranks))
     if lp >= 0:
         lse, top_v, top_i, above = token_logprob_stats(x, None, lp, tokens=tokens)
-        step_ops.raw_logprobs(tokens, x, 0, lse, top_v, top_i, above, lp_rows[0], lp_rows[1], _LP_COLUMNS, lp + 1,
-                              out=(ids, vals, ranks))
+        raw_logprobs(tokens, x, 0, lse, top_v, top_i, above, lp_rows[0], lp_rows[1], _LP_COLUMNS, lp + 1,
+                     out=(ids, vals, ranks))
 
 
 def _record(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows):
     """Launch while recording: the LaunchList, or None when it cannot be replayed."""
-    from ..kernels.relaunch import LaunchList, recorded
+    from ..kernels.launcher import LaunchList, recorded
     with recorded(x.device.type) as (tape, work):
         _launch(x, params, hints, lp, outs, lp_rows)
     if work.found:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..numerics import next_pow2
+
 ORDER = ("vocab_parallel", "batch_sharded", "replicated")      # least memory first (ties)
 
 
@@ -44,13 +46,9 @@ class Features:
         s = temperature > 0
         k = int(top_k[s].max()) if s.any() else 0
         lp = int(num_logprobs.max()) + 1 if len(num_logprobs) and num_logprobs.max() >= 0 else 0
-        return Features(bool(s.any()), _pow2(k), bool((s & (top_p < 1) & (top_k <= 0)).any()),
+        return Features(bool(s.any()), next_pow2(k) if k > 0 else 0, bool((s & (top_p < 1) & (top_k <= 0)).any()),
                         bool((s & (top_p < 1) & (top_k > 0)).any()), bool((s & (min_p > 0)).any()),
-                        _pow2(lp), bool(((num_logprobs >= 0) & (processed != 0)).any()), drafts)
-
-
-def _pow2(n: int) -> int:
-    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+                        next_pow2(lp) if lp > 0 else 0, bool(((num_logprobs >= 0) & (processed != 0)).any()), drafts)
 
 
 @dataclass(frozen=True)

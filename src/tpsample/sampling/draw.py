@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..kernels.config import kernels_wanted
+from ..kernels.gate import kernels_wanted
 from ..noise import SALT_DRAW, gumbel_noise
 from ..numerics import NEG_INF, kept_mask, row_chunks
 from .keys import row_keys
@@ -67,7 +67,7 @@ def _shard_gumbel_kernel(l: torch.Tensor):
     """The Triton Gumbel-argmax kernel when it can run on l's device, else None."""
     if l.stride(1) != 1 or not kernels_wanted(l.device):
         return None
-    from ..kernels.dispatch import shard_gumbel_argmax
+    from ..kernels.sample import shard_gumbel_argmax
     return shard_gumbel_argmax
 
 

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..kernels.config import kernels_wanted, row_hints
+from ..kernels.config import row_hints
+from ..kernels.gate import kernels_wanted
 from ..noise import SALT_DRAW
 from ..state.rows import HostRows, RowBatch
 from . import processors as P
@@ -24,15 +25,15 @@ from . import processors as P
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    """The kernel modules (.dispatch, .launcher, .row_prep, .step_ops), imported on first use
+    """The kernel modules (.sample, .launcher, .stats, .step_ops), imported on first use
     (triton.jit picks interpreted or compiled when a kernel module is imported) and kept, so a
     step runs no import statement."""
-    from ..kernels import dispatch, launcher, row_prep, step_ops
-    return SimpleNamespace(dispatch=dispatch, launcher=launcher, row_prep=row_prep, step_ops=step_ops)
+    from ..kernels import launcher, sample, stats, step_ops
+    return SimpleNamespace(sample=sample, launcher=launcher, stats=stats, step_ops=step_ops)
 
 
 def kernels_apply(x: torch.Tensor) -> bool:
-    """The kernels sample rows of x: a kernel device (`kernels.config.kernels_wanted`) and unit
+    """The kernels sample rows of x: a kernel device (`kernels.gate.kernels_wanted`) and unit
     column stride."""
     return x.stride(1) == 1 and kernels_wanted(x.device)
 
@@ -87,7 +88,7 @@ class KernelSteps:
             l = x if (a.inplace and x.dtype == torch.float32) else x.to(torch.float32, copy=True)
             # one pass: NaN -> -inf (counted), the grammar mask, and the best grammar-allowed token
             # of each part of the row, for the guard
-            st.nans, *st.guard = _kernels().row_prep.prep_rows_(l, a.col_start, a.bitmask)
+            st.nans, *st.guard = _kernels().step_ops.prep_rows_(l, a.col_start, a.bitmask)
             if b.lp_raw_rows is not None:
                 st.raw = l.clone() if b.uses_processors else l   # raw logprobs see the row before 3-5
             P.apply_processors(l, b, a.col_start)
@@ -107,7 +108,7 @@ class KernelSteps:
         t, top_k, p, log_min_p, key0, key1 = k.step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out,
                                                                      src.slots, src.offsets, SALT_DRAW,
                                                                      _kernel_columns(src.layout)[0], out=scratch[0])
-        st.drawn = k.dispatch.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
+        st.drawn = k.sample.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
                                           vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
                                           nans_out="partials", out=scratch[1])
 
@@ -139,7 +140,7 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     k = _kernels()
     n = b.logprobs_max
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
-    lse, top_v, top_i, above = k.dispatch.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
+    lse, top_v, top_i, above = k.sample.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
     src = b.source
-    return k.step_ops.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
+    return k.stats.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
                                    _kernel_columns(src.layout)[1], 1 + n)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import noise
-from ..kernels.config import kernels_wanted
+from ..kernels.gate import kernels_wanted
 
 _OK: dict = {}
 
@@ -30,8 +30,7 @@ def _kernel_ok(t: torch.Tensor) -> bool:
 def _kernel_fns() -> SimpleNamespace:
     """The per-step kernels, imported on first use (triton.jit picks interpreted or compiled when
     a kernel module is imported) and kept, so a step runs no import statement."""
-    from ..kernels.history_ops import append_history
-    from ..kernels.penalties import apply_penalties_
+    from ..kernels.history import append_history, apply_penalties_
     from ..kernels.step_ops import mask_nans_, row_keys
     return SimpleNamespace(append_history=append_history, apply_penalties_=apply_penalties_, mask_nans_=mask_nans_,
                            row_keys=row_keys)
@@ -75,7 +74,7 @@ def mask_nans_kernel(device: torch.device):
 
 
 def penalty_kernel(device: torch.device):
-    """The one-launch penalty kernel for `device` (`kernels.penalties`), or None (torch ops then)."""
+    """The one-launch penalty kernel for `device` (`kernels.history`), or None (torch ops then)."""
     if not _kernel_ok(_probe(device)):
         return None
     return _kernel_fns().apply_penalties_

@@ -1,7 +1,7 @@
 """Top-p without top-k when the list does not settle the row: the bracket method (stage BINS).
 
 Rows with top-p and no top-k (min-p allowed) are first resolved from one list of columns
-(sample_list.py). A row whose list overflowed or does not hold p of its mass (a flat row that
+(lists.py). A row whose list overflowed or does not hold p of its mass (a flat row that
 keeps more entries than the list has room for) takes the bracket method, after the scan
 (pass 1: m = max(l) and the maximum of every block of BB columns) and the hist pass that gave
 its exact int64 mass S:
@@ -12,14 +12,14 @@ its exact int64 mass S:
   S_lo <= S/2**shift: the sum of exp(b - m) over the block maxima b, distinct entries of the row
   (1 with min-p, where S counts only entries >= t1). lo is that bound less a margin, and never
   below t1.
-- the bins pass (`sample_hist.hist_kernel` with BINS, rows x splits): an exact count histogram
+- the bins pass (`hist.hist_kernel` with BINS, rows x splits): an exact count histogram
   of the entries in [lo, m] over NBH bins uniform in value, bin(l) = min(floor((l - lo) * inv),
   NBH - 1) in fp32 (monotone in l, so bins are value intervals); global atomics, only for
   entries in range. Its last program a row makes the row's `bracket_row`: from the counts,
   bounds of the mass above each bin (count x exp of the bin's edges, with margins) against the
   exact target p * S give the bins that surely hold kept entries and those that surely do not;
   v* lies in the bins between (the bracket), whose count is exact. Few entries from the
-  bracket up: stage LEAN (sample_lean.py); else BRACKET.
+  bracket up: stage LEAN (lists.py); else BRACKET.
 - round (pass 3, `collect_bracket`): the bracket's entries become candidates (key, column);
   entries above the bracket, all kept, give their exact mass and their Gumbel winner.
 - finish (`resolve_bracket`): v* from the candidates' exact masses, certified exactly:
@@ -34,28 +34,29 @@ examined; every decision is on exact integers or keys, so tokens equal the defin
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_scan import may_win
-from .sample_state import (
-    BRACKET,
-    DONE,
-    append_candidates,
-    draw_candidates,
-    start_search,
-)
-from .sample_state import LEAN as LEAN_STAGE
-from .tlutil import (
+from ..tlutil import (
     BIG_ID32,
     NEG_INF,
     argmax_pair,
     div_t,
     fexp,
+    gumbel_from_bits,
     kept_mass,
     key_to_float,
     mass,
-    min_key_mass_below,
     pair_max,
+    uniform_bits,
 )
+from .scan import may_win
+from .state import (
+    BRACKET,
+    DONE,
+    append_candidates,
+    draw_candidates,
+    min_key_mass_below,
+    start_search,
+)
+from .state import LEAN as LEAN_STAGE
 
 
 @triton.jit
@@ -91,8 +92,8 @@ def bracket(hist_ptr, row, lo, inv, m, target, scale, top_bin, top_mass, ALL: tl
     bounds' width then comes from the bins below the list's reach only.
 
     ALL is small (KernelConfig.bracket_all): the finish then resolves ~100 bracket candidates
-    instead of the ~1,000 entries from the bracket up (21 -> 12 us at 256 x 151,936 on an H200);
-    the collect pass costs the same either way.
+    instead of the ~1,000 entries from the bracket up (a finish about half as long); the collect
+    pass costs the same either way.
 
     A bracket of more than CAP entries is narrowed (`narrow_bracket`) to at most CAP entries
     around the bin where v* is estimated to lie: the finish's certificate is exact either way."""
@@ -195,7 +196,7 @@ def bracket_row(row, t, p, scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_fir
                 st_xf, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, ALL: tl.constexpr, NBH: tl.constexpr,
                 HW: tl.constexpr, CAP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, LEAN: tl.constexpr):
     """The bracket of a BINS row once its histogram is complete (the collect programs and the
-    finish read it): stage LEAN (sample_lean.py) when LEAN, its entries from the bracket's first
+    finish read it): stage LEAN (lists.py) when LEAN, its entries from the bracket's first
     bin up fit the list (`lean_fits`) and its candidates fit CAP, with L and the list's x bound;
     else BRACKET. Read through L2: other programs' atomics made the histogram."""
     first, last, count, upward = bracket(hist_ptr, row, lo, inv, m, target_of(p, p_mass, row, NSPLIT), scale,

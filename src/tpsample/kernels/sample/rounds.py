@@ -1,4 +1,4 @@
-"""Streaming passes after the scan of `sample_rows`; what each row does is its stage.
+"""The streaming passes after the scan of `sample_rows`, and the drain; what each row does is its stage.
 
 round_kernel, grid (rows, splits), one read of the row split, by stage:
 - COLLECT: append every eligible entry whose key lies in the window [klo, khi] to the row's
@@ -10,37 +10,49 @@ round_kernel, grid (rows, splits), one read of the row split, by stage:
 - DRAW: argmax of l + g over kept entries (key >= tkey), ties -> lowest column; the noise is
   computed only in blocks where an entry's bound (see scan's may_win) reaches the best so far.
 - BRACKET: the bracket's candidates, and the mass and winner of the entries above it
-  (sample_bracket.py); nothing when the bracket holds more than CAP entries.
-- LEAN: the columns of x >= the row's x bound, listed (sample_lean.py).
+  (bracket.py); nothing when the bracket holds more than CAP entries.
+- LEAN: the columns of x >= the row's x bound, listed (lists.py).
 Loads run one block ahead (software prefetch).
 Eligible means l > -inf and key >= tkey. Keys are `order_key(l)`, so key order is value order.
+
+drain_kernel, grid (rows,), finishes in one launch every row the first round left searching: one
+program per row runs the row's remaining rounds back to back (each split's pass of `round_body`,
+then `finish.finish_body`) until the row is DONE, so `sample_rows` never has to ask the host
+whether another round is needed: no device-to-host read, no synchronisation, and the launch
+sequence is fixed (CUDA-graph capturable). Rows already DONE return at once. A row's later
+rounds read the row once per pass from one program, which is slower than the multi-program
+rounds for a single row but needs no host round trip; only rows whose candidates overflowed or
+whose top-p bracket did not certify (large top-k, pathological ties) get here.
 """
 import triton
 import triton.language as tl
 
-from .rng_triton import gumbel_from_bits, uniform_bits
-from .sample_bracket import collect_bracket
-from .sample_lean import lean_collect
-from .sample_scan import fp32_nonan, may_win
-from .sample_state import (
-    BRACKET,
-    COLLECT,
-    DRAW,
-    HIST,
-    LEAN,
-    PHASE_TOPP,
-    append_candidates,
-)
-from .tlutil import (
+from ..tlutil import (
     BIG_ID32,
     KEY_POS_INF,
     NEG_INF,
     argmax_pair,
     div_t,
+    gumbel_from_bits,
     key_to_float,
     mass,
     order_key,
     pair_max,
+    uniform_bits,
+)
+from .bracket import collect_bracket
+from .finish import finish_body
+from .lists import lean_collect
+from .scan import fp32_nonan, may_win
+from .state import (
+    BRACKET,
+    COLLECT,
+    DONE,
+    DRAW,
+    HIST,
+    LEAN,
+    PHASE_TOPP,
+    append_candidates,
 )
 
 
@@ -201,3 +213,38 @@ def round_kernel(x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, sc
                cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
                st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
                EXACT_EXP, STAGES, NBH, LCAP, LEAN_BLOCK, LG)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                 st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi, st_shift,
+                 st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                 p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_hlo, st_hinv, st_first, st_last, st_count,
+                 fallbacks, st_xf, st_lean_l, ids_ptr, leans,
+                 NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                 SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr,
+                 MAX_ROUNDS: tl.constexpr, NBH: tl.constexpr):
+    """Stages 1-4 only (COLLECT, DRAW, HIST): BRACKET and LEAN rows are settled by the first
+    round's finish (DONE, or HIST when they fall back)."""
+    row = tl.program_id(0)
+    stage = tl.load(st_stage + row)
+    it = 0
+    while (stage != DONE) & (it < MAX_ROUNDS):
+        for split in range(NSPLIT):
+            round_body(row, split, x_ptr, stride, ncols, t_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                       st_stage, st_flags, st_m, st_tkey, st_klo, st_khi, st_shift, st_piv,
+                       cand_key, cand_id, cand_n, p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist,
+                       st_hlo, st_hinv, st_first, st_last, st_count, st_xf, ids_ptr, NSPLIT, CHUNK, BLOCK, CAP, P, NB,
+                       EXACT_EXP, 7, NBH, 1, BLOCK, 1)
+        tl.debug_barrier()
+        stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
+                            st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
+                            st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
+                            p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
+                            x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
+                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH, 1)
+        tl.debug_barrier()
+        it += 1
+    if stage != DONE:        # cannot happen (the search narrows every round); flag, never hang
+        tl.store(st_token + row, tl.load(st_raw + row).to(tl.int64) + col_offset)
+        tl.store(st_valid + row, False)

@@ -9,7 +9,7 @@ five to fifteen that eager torch needs; under CUDA graphs launches are most of a
   writes k and v into the paged cache at their slots (slot < 0: not written).
 
 The torch twins are the model's own CPU code (`model/layers.py`, `model/attention.py`), which the
-tests hold these against. Compiled on first use, keyed by TRITON_INTERPRET (see `attention.py`).
+tests hold these against. Compiled on first use, keyed by TRITON_INTERPRET (see `attention_kernels.py`).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tpsample.kernels.attention import interpreting
-
-from .launcher import cdiv, next_pow2
+from tpsample.kernels.gate import interpreting
+from tpsample.kernels.launcher import cdiv
+from tpsample.numerics import next_pow2
 
 
 def _rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, stride_x, stride_r, N: tl.constexpr,

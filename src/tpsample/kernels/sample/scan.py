@@ -7,17 +7,27 @@ rows (temperature only): the whole draw, the Gumbel argmax of l = x / T; a block
 noise (two logs) only if some entry's cheap upper bound l + (-log W) reaches the best so far,
 which after the first blocks is rare (the bound needs only W's bits). Filter rows: max(l); block
 maxima of l (blocks of BB columns) when top-k or top-p is on (for top-p alone the select kernel
-bounds S by them: an online sum of exp(l - max) here cost 64 against 45 us of scan at 256 x
-151,936 on an H200, for a range only a little narrower). Loads run one tile ahead (software
-prefetch) and per-lane running winners are reduced once at the end, so the loop stays
-memory-bound.
+bounds S by them: an online sum of exp(l - max) here made the scan about 40 % slower, for a
+range only a little narrower). Loads run one tile ahead (software prefetch) and per-lane
+running winners are reduced once at the end, so the loop stays memory-bound.
 """
 import triton
 import triton.language as tl
 
-from .rng_triton import GOLDEN, gumbel_from_bits, uniform_bits_spread
-from .sample_state import FILTER, GREEDY, PLAIN
-from .tlutil import BIG_ID32, NEG_INF, argmax_pair, chunk_bounds, div_t, ex2_ftz, opaque_u32, pair_max
+from ..tlutil import (
+    BIG_ID32,
+    GOLDEN,
+    NEG_INF,
+    argmax_pair,
+    chunk_bounds,
+    div_t,
+    ex2_ftz,
+    gumbel_from_bits,
+    opaque_u32,
+    pair_max,
+    uniform_bits_spread,
+)
+from .state import FILTER, GREEDY, PLAIN
 
 
 @triton.jit

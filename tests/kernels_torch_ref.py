@@ -1,6 +1,6 @@
-"""Slow, obviously correct torch reference of every kernel in `tpsample.kernels.dispatch`.
+"""Slow, obviously correct torch reference of every kernel entry point in `tpsample.kernels.sample`.
 
-Same inputs, same outputs, same semantics (see the contract at the top of dispatch.py); rows are
+Same inputs, same outputs, same semantics (see the contract at the top of that module); rows are
 processed one at a time with sorts, so it is simple rather than fast. Tests compare the Triton
 kernels (under `TRITON_INTERPRET=1` on CPU, or on a GPU) against it token for token.
 Must not import Triton.
@@ -53,7 +53,7 @@ def _top_p_threshold(l: torch.Tensor, kept: torch.Tensor, p: float, shift: int) 
 
 
 def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
-    """(local column, valid) of one row: the semantics of dispatch.sample_rows."""
+    """(local column, valid) of one row: the semantics of kernels.sample.sample_rows."""
     raw = transform(x_row.unsqueeze(0))[0]
     raw_v, raw_i = first_argmax(raw)
     if t == 0:
@@ -79,7 +79,7 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset=0,
                 vocab_size_global=None):
-    """Reference of dispatch.sample_rows: (global token ids [R] int64, valid [R] bool), on x's device."""
+    """Reference of kernels.sample.sample_rows: (global token ids [R] int64, valid [R] bool), on x's device."""
     shift = mass_shift(vocab_size_global or x.shape[1])
     toks, valid = [], []
     for r in range(x.shape[0]):
@@ -92,7 +92,7 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n=0, col_offset=0):
-    """Reference of dispatch.logprob_stats: (max, lse, top_vals [R, n], top_ids [R, n])."""
+    """Reference of kernels.sample.logprob_stats: (max, lse, top_vals [R, n], top_ids [R, n])."""
     l = transform(x, temperature, threshold)
     m = l.max(dim=1).values
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -110,7 +110,7 @@ def logprob_stats(x, *, temperature=None, threshold=None, n=0, col_offset=0):
 
 def count_greater(x, values, *, temperature=None, threshold=None):
     """[R] int64 count of transformed entries > values (the rank of a token whose value is
-    `values` is 1 + it): the reference of the count `dispatch.token_logprob_stats` returns."""
+    `values` is 1 + it): the reference of the count `kernels.sample.token_logprob_stats` returns."""
     l = transform(x, temperature, threshold)
     return (l > values.to(l.device).float().unsqueeze(1)).sum(dim=1)
 

@@ -2,12 +2,12 @@
 
 - Mass and list (BINS off; stage LIST rows, right after the select kernel): each split's exact
   int64 mass of the eligible entries (the row's S is their sum) and the columns of x >= the
-  select kernel's guessed bound appended to the row's list with their x (sample_list.py), which
+  select kernel's guessed bound appended to the row's list with their x (lists.py), which
   the list kernel then resolves. Per entry: a compare and a predicated claim for the list, the
   division by T, the exact exponential and its int64 conversion; no histogram.
 - Bins (BINS on; stage BINS rows, the ones the list did not settle): an exact count histogram
-  of the entries in [lo, m] over NBH bins uniform in value (`sample_bracket.bin_of`), then the
-  row's last program to arrive makes the row's bracket (`sample_bracket.bracket_row`), so no
+  of the entries in [lo, m] over NBH bins uniform in value (`bracket.bin_of`), then the
+  row's last program to arrive makes the row's bracket (`bracket.bracket_row`), so no
   bracket kernel is launched: each program's atomics precede its arrival (a block barrier, then
   an acq_rel atomic on the row's arrival count, which the list kernel zeroed), and the last one
   reads the histogram through L2 after its own arrival.
@@ -19,11 +19,7 @@ where `fast_division_ok` holds; the interpreter runs `tl.atomic_add` and `div_rn
 import triton
 import triton.language as tl
 
-from .sample_bracket import bin_of, bracket_row
-from .sample_list import list_claim, list_group
-from .sample_state import BINS as BINS_STAGE
-from .sample_state import LIST
-from .tlutil import (
+from ..tlutil import (
     NEG_INF,
     chunk_bounds,
     count_where,
@@ -33,6 +29,10 @@ from .tlutil import (
     key_to_float,
     store_pair_where,
 )
+from .bracket import bin_of, bracket_row
+from .lists import list_claim, list_group
+from .state import BINS as BINS_STAGE
+from .state import LIST
 
 
 @triton.jit

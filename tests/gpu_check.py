@@ -1,6 +1,6 @@
-"""`python -m tpsample.kernels.gpu_check`: full-size correctness of the Triton path on CUDA.
+"""`python tests/gpu_check.py`: full-size correctness of the Triton path on CUDA.
 
-For each case, the kernels' tokens against the torch reference (`torch_ref`) run on the same GPU
+For each case, the kernels' tokens against the torch reference (`kernels_torch_ref`) run on the same GPU
 (expected: identical) and, for the first CPU_ROWS rows, on the CPU (expected: >= 99.99%; exp/log
 may differ in the last ulp across devices); logprob statistics and the vocab-parallel partials
 against the reference; and the extra peak memory of sample_rows. Prints one line per case and
@@ -12,9 +12,10 @@ import json
 import sys
 import time
 
+import kernels_torch_ref as torch_ref
 import torch
 
-from . import dispatch, torch_ref
+from tpsample.kernels import sample as dispatch
 
 CONFIGS = {   # (temperature, top_k, top_p, min_p)
     "greedy": (0.0, 0, 1.0, 0.0), "temperature": (0.8, 0, 1.0, 0.0), "topk50_topp0.9": (0.8, 50, 0.9, 0.0),

@@ -1,7 +1,10 @@
-"""Entry points of the Triton kernels: exact, memory-lean sampling and logprob statistics.
+"""Entry points of the Triton kernels: exact, memory-lean sampling, logprob statistics and the
+vocab-parallel shard draw. The passes of `sample_rows` are the modules of this package (scan,
+select, hist, lists, bracket, rounds, finish; their per-row state in state.py, the launch
+sequence in launch.py); the statistics and the shard draw are `kernels.stats`.
 
-Contract (docs/semantics.md steps 6-10 and 12 on processed rows; the torch twin
-is `tpsample.kernels.torch_ref`, and `tpsample.sampling` computes the same on CPU):
+Contract (docs/semantics.md steps 6-10 and 12 on processed rows; the torch twin the tests hold
+the kernels to is tests/kernels_torch_ref.py, and `tpsample.sampling` computes the same on CPU):
 - x: [R, V_local] fp32 / bf16 / fp16 logits, unit column stride, any row stride; never copied
   or upcast as a whole (kernels upcast per block). Column j is global token col_offset + j.
 - Per-row params: temperature [R] fp32 (0 = greedy), top_k [R] int32 (<= 0 or >= V: off),
@@ -32,18 +35,12 @@ import functools
 
 import torch
 
-from ..numerics import mass_shift
-from .config import (  # noqa: F401
-    DEFAULT,
-    MAX_ROUNDS,
-    KernelConfig,
-    RowHints,
-    _pow2,
-    interpreting,
-    kernels_available,
-    num_splits,
-    row_hints,
-)
+from ...numerics import mass_shift
+from ..config import DEFAULT, KernelConfig, RowHints, row_hints
+from ..gate import interpreting
+
+__all__ = ["DEFAULT", "KernelConfig", "RowHints", "hints_from_params", "logprob_stats", "sample_rows",
+           "shard_gumbel_argmax", "token_logprob_stats"]
 
 
 def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
@@ -53,9 +50,9 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> 
 
 @functools.cache
 def _launch_sample():
-    """`sample_launch.launch_sample`, imported on first use (the kernels are built then,
+    """`launch.launch_sample`, imported on first use (the kernels are built then,
     interpreted or for the GPU) and kept, so a call runs no import statement."""
-    from .sample_launch import launch_sample
+    from .launch import launch_sample
     return launch_sample
 
 
@@ -103,7 +100,7 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     < `threshold` [R] -> -inf when given, the processed kept-set row; NaN -> -inf).
     lse sums exp(l - max) in fp32 per block and fp64 across (error ~1e-6); +-inf max -> lse = max.
     top-n: value desc, ties -> lower id; (-inf, -1) pads rows shorter than n."""
-    from .stats_launch import launch_stats
+    from ..stats import launch_stats
     mx, _, lse, tv, ti, _ = launch_stats(x, temperature, threshold, None, n, True, col_offset, cfg)
     return mx, lse, tv, ti
 
@@ -113,7 +110,7 @@ def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelCo
     [R] fp32 are `values` (or, with `tokens` [R] int64 global ids instead, the values the kernel
     reads at those ids): (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
     int64 of entries strictly greater than values, i.e. rank - 1)."""
-    from .stats_launch import launch_stats
+    from ..stats import launch_stats
     _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg, tokens=tokens)
     return lse, tv, ti, cnt
 
@@ -126,5 +123,5 @@ def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0,
     """(value [R] fp32, global id [R] int64): argmax over kept local entries of fp32(l + g(key0,
     key1, global id)), ties -> lowest id; (-inf, col_offset) when nothing is kept. Ranks combine
     by the largest value, ties -> lowest global id."""
-    from .stats_launch import launch_gumbel
+    from ..stats import launch_gumbel
     return launch_gumbel(x, temperature, thr, key0, key1, col_offset, cfg)

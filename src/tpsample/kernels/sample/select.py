@@ -6,16 +6,25 @@ largest block maximum (k blocks each hold a value >= it), and min-p's t1. Every 
 l >= tau, so the next pass collects {l >= tau} as candidates (stage COLLECT); if the block
 maxima show that more than CAP tokens pass tau, the row takes the exact search instead (stage
 HIST). Rows with top-p and no top-k are resolved from one list of columns (stage LIST,
-sample_list.py): the guessed x bound of that list, and the value range of the bracket method
-they take when the list does not settle them (sample_bracket.py). Rows with min-p alone go
+lists.py): the guessed x bound of that list, and the value range of the bracket method
+they take when the list does not settle them (bracket.py). Rows with min-p alone go
 straight to the masked draw (DRAW).
 """
 import triton
 import triton.language as tl
 
-from .sample_bracket import range_for_top_p, x_bound
-from .sample_scan import fp32_nonan, row_flags
-from .sample_state import (
+from ..tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    fexp,
+    key_to_float,
+    order_key,
+    pair_max,
+)
+from .bracket import range_for_top_p, x_bound
+from .scan import fp32_nonan, row_flags
+from .state import (
     COLLECT,
     DONE,
     DRAW,
@@ -25,18 +34,9 @@ from .sample_state import (
     LIST,
     PLAIN,
     eligible_key,
+    max_key_with_count,
     start_search,
     zero_counters,
-)
-from .tlutil import (
-    BIG_ID32,
-    NEG_INF,
-    argmax_pair,
-    fexp,
-    key_to_float,
-    max_key_with_count,
-    order_key,
-    pair_max,
 )
 
 
@@ -77,7 +77,7 @@ def lower_bound_tau(bmax_ptr, row, nblk, k, t1, NBP: tl.constexpr):
 def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: tl.constexpr):
     """A value in [lo, m] at or below max(the k-th largest block maximum, lo) and within
     (m - lo) / 2**STEPS of it: STEPS bisections of the value range by the count of maxima at or
-    above, instead of `kth_block_max`'s 33 over the keys (~11 us of one-row latency on an H200),
+    above, instead of `kth_block_max`'s 33 over the keys (a long chain of one-row reductions),
     for a bound that is only a guess (a lower one lists a few entries more)."""
     bv, _, _ = _block_keys(bmax_ptr, row, nblk, NBP)
     a, z = lo, m        # count(maxima >= a) >= k unless a is lo; count(maxima >= z) < k unless z is m
@@ -91,7 +91,7 @@ def kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP: tl.constexpr, STEPS: 
 
 @triton.jit
 def list_bound(bmax_ptr, row, nblk, k, lo, m, t, NBP: tl.constexpr):
-    """The x bound of the hist pass's guessed list for a top-p row (sample_list.py): that of the
+    """The x bound of the hist pass's guessed list for a top-p row (lists.py): that of the
     k-th largest block maximum, or of lo when higher, to within 1/4096 of the row's range
     (`kth_block_max_near`)."""
     return x_bound(kth_block_max_near(bmax_ptr, row, nblk, k, lo, m, NBP, 12), t)

@@ -7,19 +7,27 @@
   search was after, carrying on to the next search or to DRAW.
 - after HIST: move the window between the pivots that bracket the target (exact counts and
   masses), then collect it if it is small, else place the next pivots.
-- after BRACKET: resolve v* from the bracket's candidates and draw (sample_bracket.py); a
+- after BRACKET: resolve v* from the bracket's candidates and draw (bracket.py); a
   bracket still over CAP entries once narrowed, or one that does not certify, starts the exact
   search (HIST).
-- after LEAN: the same from the listed columns (sample_lean.py).
+- after LEAN: the same from the listed columns (lists.py).
 Every row that starts the exact search from COLLECT, BRACKET or LEAN is counted in `fallbacks`.
 Rows still not DONE bump `pending`, which tells the host whether to run another round.
 """
 import triton
 import triton.language as tl
 
-from .sample_bracket import resolve_bracket, settle
-from .sample_lean import after_lean
-from .sample_state import (
+from ..tlutil import (
+    BIG_ID32,
+    NEG_INF,
+    argmax_pair,
+    key_to_float,
+    mass,
+    order_key,
+)
+from .bracket import resolve_bracket, settle
+from .lists import after_lean
+from .state import (
     BRACKET,
     CN,
     COLLECT,
@@ -32,19 +40,11 @@ from .sample_state import (
     PHASE_TOPP,
     draw_candidates,
     eligible_key,
+    max_key_with_count,
+    min_key_mass_below,
     start_search,
     window_shift,
     zero_counters,
-)
-from .tlutil import (
-    BIG_ID32,
-    NEG_INF,
-    argmax_pair,
-    key_to_float,
-    mass,
-    max_key_with_count,
-    min_key_mass_below,
-    order_key,
 )
 
 
