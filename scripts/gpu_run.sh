@@ -18,6 +18,8 @@
 #   engine        bench engine --preset qwen2-1.5b at TP 1, each strategy, beside
 #                 transformers' generate                                             -> engine.json
 #   engine-tests  scripts/gpu_tests.sh engine                                         -> tests.tgz
+# FI_CAP, TP_CAP (seconds, default 270 each) shorten the build's and the tp phase's limits when a
+# call has less than the whole budget.
 # Every phase's output goes to $OUT/run.log (JSON lines too; the terminal gets everything but
 # them), its exit code and seconds to $OUT/summary.txt; at most 5 files come back per call.
 # Plots are drawn here afterwards from the JSON:
@@ -94,13 +96,14 @@ phase() {
   case "$1" in
     flashinfer)   # in the background: the next phases run while nvcc compiles
       FI_STARTED=1
-      local fi_cmd=("$PY" -m tpsample.bench.flashinfer --timeout $(( $(left) < 270 ? $(left) : 270 ))
+      local fi_cap=${FI_CAP:-270}
+      local fi_cmd=("$PY" -m tpsample.bench.flashinfer --timeout $(( $(left) < fi_cap ? $(left) : fi_cap ))
                     --out "$OUT/flashinfer_build.json")
       if [ "$DRY" = 1 ]; then echo "phase flashinfer (background): $(printf '%q ' "${fi_cmd[@]}")"; return; fi
       say "== phase flashinfer (background): ${fi_cmd[*]}"
       "${fi_cmd[@]}" >> "$LOG" 2>&1 &
       FI_PID=$! ;;
-    tp)           run tp 270 60 "${TPS[@]}" bench sampler --tp 1 2 4 8 --device cuda --rows 256 --vocab 151936 \
+    tp)           run tp "${TP_CAP:-270}" 60 "${TPS[@]}" bench sampler --tp 1 2 4 8 --device cuda --rows 256 --vocab 151936 \
                       --workload classes --logits randn zipf --strategies vocab_parallel batch_sharded --steps 3 \
                       --plot '' --out "$OUT/tp.json" ;;
     compare)      if [ -n "$FI_PID" ]; then
