@@ -90,7 +90,7 @@ class Sampler:
         8-byte all-gather on the host over a gloo group, never a device sync), so ranks that
         disagree get a clear error instead of a hang or silently different tokens.
         auto_graph: at TP = 1 on CUDA, replay a step once the same plan has been sampled a few
-        calls in a row (`tpsample.autograph`): from a CUDA graph over the same logits buffer, or,
+        calls in a row (`tpsample.replay`): from a CUDA graph over the same logits buffer, or,
         when each call brings a new buffer, from the step's recorded kernel launches
         (`tpsample.tape`); the tokens are the eager ones, at a fraction of the host cost; the
         output's device tensors then hold their values until the next call."""

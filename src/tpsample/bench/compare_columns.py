@@ -9,7 +9,7 @@ temperature, tpsample's penalties case) need that anyway, and so every column se
 
 tpsample (every request seeded, `plan` + `sample` per call, tokens and logprobs read on the host):
 - `tpsample, replay off`: `Sampler(..., auto_graph=False)`, eager launches every call;
-- `tpsample, auto replay`: the default sampler on one buffer: after `autograph.AFTER` identical
+- `tpsample, auto replay`: the default sampler on one buffer: after `replay.AFTER` identical
   calls it captures the step and replays it (the warm-up passes that point: the timed calls are
   replays; the `replayed` figure says how many were);
 - `tpsample, new buffer`: the default sampler over two buffers in turn (a new logits buffer
@@ -32,7 +32,7 @@ import torch
 from . import flashinfer
 from .workloads import Case
 
-WARMUP = 8                  # untimed calls first: past the auto replay's capture (autograph.AFTER = 4)
+WARMUP = 8                  # untimed calls first: past the auto replay's capture (replay.AFTER = 4)
 TOP_K_MAX = 50
 
 

@@ -68,7 +68,7 @@ class StepCosts:
 
 
 def vp_rounds(f: Features) -> int:
-    """Collectives of one vocab-parallel step (parallel/vocab/split_rows.py)."""
+    """Collectives of one vocab-parallel step (sampling/rounds/rounds.py)."""
     if f.drafts:                  # the general pipeline: a few reductions per spec-decode term
         return 8 + (2 if f.logprobs else 0)
     summary = f.sample and (f.k_max > 0 or f.min_p or f.top_p)

@@ -1,6 +1,6 @@
 """top-p without top-k on split rows in the two rounds every step has (the "band" method).
 
-The threshold v* (filters.py) needs S, the exact integer kept mass relative to the GLOBAL max M,
+The threshold v* (thresholds.py) needs S, the exact integer kept mass relative to the GLOBAL max M,
 which no rank knows before the first gather. Instead of finding v* exactly, the band method
 finds a value range [a, b) that must hold it and decides the draw around it:
 

@@ -8,7 +8,7 @@ it (C_j*) and the target p * S. In the logprob round each part then sends, for s
   (the emitted token is kept: it is certain, or j*'s max value), so the count is exact;
 - its tokens of sub-bin j* (value, id), at most JSTAR_LEN (more: the row took the exact path
   after round 2, from the listed counts).
-Every rank then finds v* exactly (the walk of filters.py from C_j* over the gathered j* tokens'
+Every rank then finds v* exactly (the walk of thresholds.py from C_j* over the gathered j* tokens'
 integer masses) and adds the kept j* tokens to the log-sum-exp and to the top-n. Top-n entries
 of -inf (rows keeping fewer than n tokens) are the lowest ids among dropped tokens: each part's
 -inf entries are its lowest-id not-certain tokens; kept j* tokens among them are replaced by
