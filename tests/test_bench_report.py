@@ -40,3 +40,13 @@ def test_a_source_change_changes_the_hash(tmp_path, monkeypatch):
     before = report.source_sha256()
     (tmp_path / "a.py").write_text("x = 2\n")
     assert report.source_sha256() != before
+
+
+def test_the_given_commit_wins_over_the_trees_own_git_metadata(monkeypatch):
+    """A tree copied to another machine can carry the git metadata of another commit: the commit
+    the caller names is the one recorded."""
+    monkeypatch.setattr(report, "_git", lambda *args: "0" * 40)
+    monkeypatch.setenv("TPSAMPLE_COMMIT", "abc123")
+    assert report.commit() == {"commit": "abc123", "dirty": None}
+    monkeypatch.delenv("TPSAMPLE_COMMIT")
+    assert report.commit()["commit"] == "0" * 40

@@ -92,7 +92,7 @@ class Sampler:
         auto_graph: at TP = 1 on CUDA, replay a step once the same plan has been sampled a few
         calls in a row (`tpsample.replay`): from a CUDA graph over the same logits buffer, or,
         when each call brings a new buffer, from the step's recorded kernel launches
-        (`tpsample.tape`); the tokens are the eager ones, at a fraction of the host cost; the
+        (`tpsample.replay`); the tokens are the eager ones, at a fraction of the host cost; the
         output's device tensors then hold their values until the next call."""
         check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
                            strategy, STRATEGY_NAMES, group=group, timeout_s=timeout_s, seed=seed,

@@ -9,7 +9,7 @@ peak_bytes, bytes) as per-rank peak sampler memory and bytes moved against TP pe
 Both write a PNG; matplotlib is imported on first use, with the Agg backend (no display).
 
 From a saved report (the bench's JSON line, or a file holding it):
-`python -m tpsample.bench.plots compare docs/data/compare_h200_2026-12-04f.json compare.png`
+`python -m tpsample.bench.plots compare docs/data/compare_h200_2026-12-05.json compare.png`
 (`tp` instead of `compare` for a `bench sampler` report).
 """
 from __future__ import annotations

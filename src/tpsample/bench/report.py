@@ -10,7 +10,7 @@ versions, the environment variables that change what runs, and the command line)
 report as one JSON line and, when `out` is a path, writes it there too (indented). Every
 `tpsample bench` command ends through it, so their JSON files read the same way.
 
-The commit comes from git where the source tree is a checkout, else from TPSAMPLE_COMMIT; a copy
+The commit comes from TPSAMPLE_COMMIT when set, else from git where the source tree is a checkout; a copy
 of the tree without `.git` still records `source_sha256`, which
 `python -m tpsample.bench.report` prints for the tree at hand (run it in the checkout to find the
 commit a report was made from).
@@ -63,10 +63,12 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> dict:
-    """{"commit": sha or None, "dirty": tracked files changed since it (None when unknown)}."""
-    sha = _git("rev-parse", "HEAD")
+    """{"commit": sha or None, "dirty": tracked files changed since it (None when unknown)}.
+    TPSAMPLE_COMMIT, when set, wins: a copied tree can carry git metadata of another commit."""
+    given = os.environ.get("TPSAMPLE_COMMIT")
+    sha = None if given else _git("rev-parse", "HEAD")
     if sha is None:
-        return {"commit": os.environ.get("TPSAMPLE_COMMIT"), "dirty": None}
+        return {"commit": given, "dirty": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": sha, "dirty": None if status is None else bool(status)}
 
