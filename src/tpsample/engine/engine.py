@@ -83,6 +83,7 @@ class Engine:
         return req
 
     def add_request(self, req: Request) -> None:
+        req.arrival_s = time.monotonic()
         self.scheduler.add(req)
         self.stats.num_prompt_tokens += len(req.prompt_token_ids)
 
@@ -110,11 +111,13 @@ class Engine:
         num_sampled = out.num_sampled.tolist()
         if step.draft_token_ids is not None:
             proposed = sum(len(d) for d in step.draft_token_ids)
+            self.stats.num_drafts += sum(1 for d in step.draft_token_ids if d)
             self.stats.num_draft_tokens += proposed
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
         results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out),
                                         out.num_nans.tolist(), out.num_fallback.tolist())
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
+        _stamp_tokens(results, time.monotonic())
         if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
             self.stats.add_decode_step(time.perf_counter() - start, sum(step.seq_lens))
         return results
@@ -143,6 +146,14 @@ class Engine:
 
     def shutdown(self) -> None:
         self.channel.send(Shutdown())
+
+
+def _stamp_tokens(results: list[tuple[Request, list[int]]], now: float) -> None:
+    for req, new in results:
+        if new:
+            if req.first_token_s is None:
+                req.first_token_s = now
+            req.last_token_s = now
 
 
 def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:

@@ -19,6 +19,7 @@ Contract
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import replace
 
@@ -108,6 +109,8 @@ class Scheduler:
             self.blocks.grow(req.block_ids, req.num_computed_tokens + num_new)
             self.waiting.popleft()
             req.status = Status.RUNNING
+            if req.scheduled_s is None:
+                req.scheduled_s = time.monotonic()
             self.running.append(req)
             if not req.in_sampler:
                 added.append((req.req_id, req.params, list(req.prompt_token_ids)))

@@ -23,6 +23,7 @@ from tpsample.serve.config import ServeConfig
 from tpsample.serve.errors import error_body, install_error_handlers
 from tpsample.serve.guard import Guard
 from tpsample.serve.inputs import Prepared, Preparer
+from tpsample.serve.metrics import CONTENT_TYPE, ServeMetrics
 from tpsample.serve.openai_format import Formatter
 
 
@@ -70,7 +71,8 @@ async def _cancel_on_disconnect(request: Request, coro):
 
 def build_app(llm, *, model_name: str, max_pending: int | None = None, config: ServeConfig | None = None) -> FastAPI:
     config = config or ServeConfig()
-    engine = AsyncEngine(llm, max_pending=max_pending, grammar_timeout_s=config.grammar_timeout_s)
+    engine = AsyncEngine(llm, max_pending=max_pending, grammar_timeout_s=config.grammar_timeout_s,
+                         metrics=ServeMetrics(model_name))
     preparer = Preparer(engine.tokenizer, model_names=(model_name, llm.config.model),
                         max_model_len=llm.info.max_model_len, config=config)
 
@@ -92,8 +94,17 @@ def build_app(llm, *, model_name: str, max_pending: int | None = None, config: S
     @app.get("/stats")
     async def stats():
         report = await engine.report()
-        return {"resources": report.resources, "finished": report.finished, "in_flight": engine.num_pending,
+        return {"resources": report.resources, "finished": dict(engine.metrics.finished),
+                "in_flight": engine.num_pending,
                 "max_pending": engine.max_pending, "engine": llm.info.as_dict()}
+
+    @app.get("/metrics")
+    async def metrics():
+        try:
+            await engine.report()               # the gauges as they stand, the engine's counters
+        except EngineStopped:
+            pass
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models():

@@ -11,6 +11,9 @@ Contract
   more choices than that could never run and is a ValueError (400). A stopped, failed or
   draining engine raises `EngineStopped` (503). A request the engine rejects raises its
   ValueError (400). Never blocks the event loop on the engine.
+- Every choice's end is counted in `metrics` with the finish reason its client got ("abort"
+  for one still running when its generator closes: the client left, or the server stopped it),
+  with its tokens and the engine's time stamps; `report` passes the engine's counters there too.
 - `drain(reason)` (server shutdown): no new request is admitted and every open one ends at once
   with `EngineStopped(reason)`. An engine that fails calls `on_failure(error)` (the server exits).
 """
@@ -22,6 +25,7 @@ import uuid
 
 from tpsample.engine.core import Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported, TokenUpdate
 from tpsample.engine.frontend import TrackedRequest
+from tpsample.serve.metrics import ServeMetrics
 
 
 class Overloaded(Exception):
@@ -38,8 +42,10 @@ class _Failed:
 
 
 class AsyncEngine:
-    def __init__(self, llm, *, max_pending: int | None = None, grammar_timeout_s: float | None = None):
+    def __init__(self, llm, *, max_pending: int | None = None, grammar_timeout_s: float | None = None,
+                 metrics: ServeMetrics | None = None):
         self.llm, self.tokenizer, self.info = llm, llm.tokenizer, llm.info
+        self.metrics = metrics or ServeMetrics(llm.config.model)
         self.client = llm.engine_client()
         self.max_pending = max_pending or 4 * llm.info.max_num_seqs
         self.grammar_timeout_s = grammar_timeout_s
@@ -137,6 +143,7 @@ class AsyncEngine:
         for rid in by_id:
             self._queues[rid] = queue
         self.num_pending += len(tracked)
+        clock = None
         try:
             self._submit(AddRequests(tuple(NewRequest(t.req_id, t.prompt_token_ids, t.params, guided, t.index,
                                                       grammar_timeout_s=self.grammar_timeout_s)
@@ -148,15 +155,26 @@ class AsyncEngine:
                 if isinstance(ev, Rejected):
                     raise ev.error
                 if isinstance(ev, Accepted):
+                    clock = self.metrics.request(len(prompt_token_ids))
                     yield None, None
                 if isinstance(ev, TokenUpdate):
-                    delta, abort = by_id[ev.req_id].apply(ev)
+                    t = by_id[ev.req_id]
+                    was_running = not t.finished
+                    delta, abort = t.apply(ev)
                     if abort:
                         self._submit(Abort((ev.req_id,)))
                     if delta is not None:
-                        yield by_id[ev.req_id], delta
+                        clock.tokens(t.index, len(delta.new_token_ids), ev)
+                    if was_running and t.finished:
+                        clock.finished(t.index, t.finish_reason, ev)
+                    if delta is not None:
+                        yield t, delta
         finally:
             running = tuple(t.req_id for t in tracked if not t.finished)
+            if clock is not None:
+                for t in tracked:
+                    if not t.finished:
+                        clock.finished(t.index, "abort")
             if running and self.alive:
                 self._submit(Abort(running))
             for rid in by_id:
@@ -171,10 +189,12 @@ class AsyncEngine:
 
     async def report(self):
         """The engine's `Reported`: what it holds now (KV blocks, sampler slots, running and
-        waiting requests) and how many requests finished so far, by finish reason."""
+        waiting requests) and its counters since the last report (also added to `metrics`)."""
         if not self.alive:
             raise EngineStopped("the engine is not running")
         fut = self._loop.create_future()
         self._reports.append(fut)
         self._submit(Report())
-        return await fut
+        reported = await fut
+        self.metrics.observe_report(reported.stats, reported.resources)
+        return reported

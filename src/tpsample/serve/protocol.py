@@ -20,24 +20,29 @@ MAX_N = 16
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-class StreamOptions(BaseModel):
+class _Strict(BaseModel):
+    """JSON types as they are: "7" is not an integer, 1 not a boolean, "0.5" not a number."""
+    model_config = ConfigDict(strict=True)
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(_Strict):
     name: str | None = None
     schema_: dict | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
 class _Sampling(BaseModel):
     """The fields both endpoints share."""
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
