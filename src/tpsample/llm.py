@@ -31,6 +31,7 @@ from tpsample.engine.backends import InProcessBackend, SpmdBackend, under_torchr
 from tpsample.engine.config import EngineConfig, NgramConfig, check_max_model_len
 from tpsample.engine.core import NewRequest
 from tpsample.engine.frontend import TrackedRequest, run_to_completion
+from tpsample.engine.generation_config import read_generation_config
 from tpsample.engine.multiproc import MultiprocBackend
 from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.engine.report import EngineInfo, RunStats
@@ -86,6 +87,7 @@ class LLM:
         model_config = ModelConfig.from_folder(model)
         model_config.check_tensor_parallel(tensor_parallel_size)
         check_max_model_len(self.config.max_model_len, model_config)
+        read_generation_config(model)              # a malformed file is one line naming it, now
         self.tokenizer = load_tokenizer(model)
         if under_torchrun():
             self._backend = SpmdBackend(self.config)

@@ -79,7 +79,8 @@ class TokenUpdate:
     stop_token: bool = False                # the last new token is the EOS / stop token that finished it
     num_nan_logits: int = 0                 # NaN values in the request's logits rows so far
     time_s: float = 0.0                     # time.monotonic() on rank 0 when these tokens were ready
-    timings: RequestTimings | None = None   # with the finish reason: where the request's time went
+    timings: RequestTimings | None = None   # with its first tokens and its finish: where its time went
+    prompt_logprobs: list | None = None     # with its first tokens (or its finish): RequestOutput.prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -168,10 +169,12 @@ class EngineCore:
             done = req.finish_reason is not None
             if done:
                 del self.live[req.req_id]
+            first = len(req.output_token_ids) == len(new)      # its first update: tokens or an early finish
             updates.append(TokenUpdate(
                 req.req_id, list(new), lps, req.finish_reason, req.stop_reason,
                 stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits,
-                time_s=now, timings=req.timings(now) if done else None))
+                time_s=now, timings=req.timings(now) if done or first else None,
+                prompt_logprobs=req.prompt_logprobs if first else None))
         return updates
 
     def run_once(self, commands: list) -> list:

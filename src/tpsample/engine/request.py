@@ -85,6 +85,9 @@ class RequestOutput:
     prompt: str | None = None
     stop_reason: str | int | None = None
     num_nan_logits: int = 0            # NaN values seen in this request's logits rows
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
+    # predicts it), then the prompt token's logprob and rank given the tokens before it, plus the top-n
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Request:
     guided: GuidedDecoding | None = None
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None    # [None] + one per prompt token computed
     num_computed_tokens: int = 0        # tokens whose K/V sit in the cache
     block_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -151,4 +155,4 @@ class Request:
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
                              self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
-                             num_nan_logits=self.num_nan_logits)
+                             num_nan_logits=self.num_nan_logits, prompt_logprobs=self.prompt_logprobs)

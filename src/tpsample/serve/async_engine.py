@@ -20,6 +20,7 @@ Contract
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import uuid
 
@@ -39,6 +40,12 @@ class EngineStopped(Exception):
 class _Failed:
     def __init__(self, error: BaseException | str):
         self.error = error
+
+
+def _without_tokens(ev: TokenUpdate) -> TokenUpdate:
+    """The update with its tokens dropped (a finish is "length": the caller asked for none)."""
+    return dataclasses.replace(ev, new_token_ids=[], logprobs=None, stop_reason=None, stop_token=False,
+                               finish_reason=None if ev.finish_reason is None else "length")
 
 
 class AsyncEngine:
@@ -131,12 +138,17 @@ class AsyncEngine:
         if self.num_pending + n > self.max_pending:
             raise Overloaded(f"{self.num_pending} requests are in flight (limit {self.max_pending}); retry later")
 
-    async def generate(self, prompt_token_ids: list[int], params: list, guided=None, prompt: str | None = None):
+    async def generate(self, prompt_token_ids: list[int], params: list, guided=None, prompt: str | None = None, *,
+                       echo_only: bool = False, skip_special_tokens: bool = True):
         """Async iterator of (TrackedRequest, StreamDelta), one TrackedRequest per choice; first
-        (None, None) once the engine accepted the request (a rejection raises its ValueError)."""
+        (None, None) once the engine accepted the request (a rejection raises its ValueError).
+        echo_only: the caller wants the prompt alone (echo with max_tokens 0; params ask for one
+        token): the token sampled is dropped, never delivered or counted, and the choice ends
+        with "length"."""
         self._admit(len(params))
         base = uuid.uuid4().hex
-        tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt)
+        tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt,
+                                  skip_special_tokens=skip_special_tokens)
                    for i, p in enumerate(params)]
         by_id = {t.req_id: t for t in tracked}
         queue: asyncio.Queue = asyncio.Queue()
@@ -158,6 +170,8 @@ class AsyncEngine:
                     clock = self.metrics.request(len(prompt_token_ids))
                     yield None, None
                 if isinstance(ev, TokenUpdate):
+                    if echo_only:
+                        ev = _without_tokens(ev)
                     t = by_id[ev.req_id]
                     was_running = not t.finished
                     delta, abort = t.apply(ev)

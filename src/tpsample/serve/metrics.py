@@ -37,6 +37,7 @@ LABELS = ("model_name", "engine")
 
 class ServeMetrics:
     def __init__(self, model_name: str):
+        prom.disable_created_metrics()          # as vLLM: no `_created` series beside the counters
         self.registry = prom.CollectorRegistry()
         self.finished: Counter[str] = Counter()          # /stats: choices finished, by finish reason
         labels = {"model_name": model_name, "engine": "0"}
