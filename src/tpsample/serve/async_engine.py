@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 import uuid
 
 from tpsample.engine.core import Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported, TokenUpdate
@@ -145,6 +146,7 @@ class AsyncEngine:
         echo_only: the caller wants the prompt alone (echo with max_tokens 0; params ask for one
         token): the token sampled is dropped, never delivered or counted, and the choice ends
         with "length"."""
+        arrival_s = time.monotonic()
         self._admit(len(params))
         base = uuid.uuid4().hex
         tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt,
@@ -167,7 +169,7 @@ class AsyncEngine:
                 if isinstance(ev, Rejected):
                     raise ev.error
                 if isinstance(ev, Accepted):
-                    clock = self.metrics.request(len(prompt_token_ids))
+                    clock = self.metrics.request(len(prompt_token_ids), arrival_s)
                     yield None, None
                 if isinstance(ev, TokenUpdate):
                     if echo_only:

@@ -73,10 +73,11 @@ class ServeMetrics:
         self.inference = metric(prom.Histogram, "vllm:request_inference_time_seconds",
                                 "Histogram of time spent in RUNNING phase for request.", buckets=REQUEST_BUCKETS)
 
-    def request(self, num_prompt_tokens: int) -> RequestClock:
-        """A request the engine accepted: its prompt counts now; the clock follows its choices."""
+    def request(self, num_prompt_tokens: int, arrival_s: float) -> RequestClock:
+        """A request the engine accepted (arrived at time.monotonic() `arrival_s`): its prompt counts
+        now; the clock follows its choices."""
         self.prompt_tokens.inc(num_prompt_tokens)
-        return RequestClock(self)
+        return RequestClock(self, arrival_s)
 
     def observe_report(self, stats, resources: dict) -> None:
         """The engine's `Reported`: gauges as they stand, counters by what happened since the last one."""
@@ -110,9 +111,8 @@ class RequestClock:
     """The times of one HTTP request's choices, from the server's arrival stamp and the engine's
     step stamps."""
 
-    def __init__(self, metrics: ServeMetrics):
-        self.metrics = metrics
-        self.arrival_s = time.monotonic()
+    def __init__(self, metrics: ServeMetrics, arrival_s: float):
+        self.metrics, self.arrival_s = metrics, arrival_s
         self._first: dict[int, float] = {}          # choice -> time of its first token
         self._last: dict[int, float] = {}           # choice -> time of its latest token
         self._timings: dict[int, RequestTimings] = {}

@@ -132,6 +132,7 @@ class GenerateFormatter:
     def __init__(self, tokenizer, job: Prepared, request_id: str):
         self.job, self.request_id = job, request_id
         self.tt = TokenText(tokenizer, as_ids=True)
+        self.text = TokenText(tokenizer)              # prompt_logprobs' decoded_token
         self.continuous_usage = bool(job.req.stream_options and job.req.stream_options.continuous_usage_stats)
         self._num_tokens: dict[int, int] = {}
 
@@ -142,7 +143,7 @@ class GenerateFormatter:
     def response(self, tracked: list) -> dict:
         return {"request_id": self.request_id,
                 "choices": [self._choice(t.index, t.output_token_ids, t.logprobs, t.finish_reason) for t in tracked],
-                "prompt_logprobs": prompt_logprobs(self.tt, tracked[0].prompt_logprobs), "kv_transfer_params": None,
+                "prompt_logprobs": prompt_logprobs(self.text, tracked[0].prompt_logprobs), "kv_transfer_params": None,
                 "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
 
     def opening(self, index: int) -> list[dict]:

@@ -49,7 +49,8 @@ def generation_defaults(mode: str, folder: str, override: dict | None = None) ->
     try:                                    # every request without these fields will use them: check now
         tpsample.SamplingParams(**{k: v for k, v in defaults.items() if k != "top_k"}, top_k=defaults.get("top_k") or -1)
     except ValueError as e:
-        raise ValueError(f"generation config defaults ({mode}): {e}") from None
+        raise ValueError(f"the sampling defaults of --generation-config {mode} and --override-generation-config: "
+                         f"{e}") from None
     return defaults
 
 
