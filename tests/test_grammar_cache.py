@@ -10,10 +10,8 @@ import random
 
 import pytest
 
-pytest.importorskip("xgrammar")
-
-from tpsample.engine.request import GuidedDecoding  # noqa: E402
-from tpsample.engine.structured import GrammarBackend  # noqa: E402
+from tpsample.engine.request import GuidedDecoding
+from tpsample.engine.structured import GrammarBackend
 
 VOCAB = 32_768
 

@@ -15,8 +15,15 @@ import time
 import uuid
 
 from tpsample.serve.inputs import Prepared
-from tpsample.serve.logprobs_format import (TokenText, chat_logprobs, completion_logprobs, echo_logprobs,
-                                            join_logprobs, prompt_logprobs, usage)
+from tpsample.serve.logprobs_format import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    prompt_logprobs,
+    usage,
+)
 
 _OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion",) * 2}
 
