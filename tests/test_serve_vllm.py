@@ -267,3 +267,20 @@ def test_llm_generate_returns_prompt_logprobs_across_prefill_chunks(folder):
     got = [lp.logprob for lp in out.prompt_logprobs[1:]]
     expected = [ref[i, prompt[i + 1]].item() for i in range(len(prompt) - 1)]
     assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4 and all(math.isfinite(v) for v in got)
+
+
+def test_a_malformed_generation_config_stops_serve_in_one_line_naming_it(folder, tmp_path, capsys):
+    import shutil
+
+    from tpsample.cli import main
+
+    bad = shutil.copytree(folder, tmp_path / "bad")
+    args = ["serve", str(bad), "--port", "0", "--dtype", "float32", "--kv-cache-tokens", "1024"]
+    for content, words in (('{"temperature": ', "generation_config.json is not a readable JSON file"),
+                           ('{"temperature": "hot"}', "generation_config.json: temperature must be a number"),
+                           ("{}", "--override-generation-config: 'temprature'")):
+        (bad / "generation_config.json").write_text(content)
+        extra = ["--override-generation-config", '{"temprature": 1}'] if content == "{}" else []
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
