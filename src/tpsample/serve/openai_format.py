@@ -81,7 +81,7 @@ class Formatter:
             else:
                 choice["text"] = text
                 if self.job.req.prompt_logprobs is not None or self.job.echo is not None:
-                    choice["prompt_logprobs"] = prompt_logprobs(self.tt, out.prompt_logprobs)
+                    choice["prompt_logprobs"] = prompt_logprobs(self.tt, tracked[0].prompt_logprobs)
             if self.return_token_ids:
                 choice["token_ids"] = out.output_token_ids
             choices.append(choice)

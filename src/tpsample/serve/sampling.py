@@ -160,7 +160,8 @@ def max_tokens(req, prompt_len: int, max_model_len: int, default: int | None = N
 
 def sampling_params(req, num_max_tokens: int, defaults: dict, tokenizer) -> list[tpsample.SamplingParams]:
     """One SamplingParams per choice; with a seed and n > 1, choice i uses seed + i (as vLLM).
-    Only choice 0 computes the prompt's logprobs (they are the same for every choice)."""
+    Only choice 0 computes the prompt's logprobs (the same for every choice), unless each choice
+    echoes them (echo with logprobs)."""
     check_ranges(req)
     pick = {name: getattr(req, name) if getattr(req, name) is not None else defaults.get(name, default)
             for name, default in OPENAI_DEFAULTS.items()}
@@ -171,9 +172,9 @@ def sampling_params(req, num_max_tokens: int, defaults: dict, tokenizer) -> list
                 max_tokens=max(1, num_max_tokens), stop=req.stop or None,
                 include_stop_str_in_output=bool(req.include_stop_str_in_output),
                 allowed_token_ids=req.allowed_token_ids, bad_words_token_ids=bad_words(req.bad_words, tokenizer))
-    first_prompt_logprobs = prompt_logprobs(req)
+    first_prompt_logprobs, echo = prompt_logprobs(req), bool(getattr(req, "echo", False))
     return [tpsample.SamplingParams(**base, seed=None if req.seed is None else req.seed + i,
-                                    prompt_logprobs=first_prompt_logprobs if i == 0 else None)
+                                    prompt_logprobs=first_prompt_logprobs if i == 0 or echo else None)
             for i in range(num_choices(req))]
 
 
