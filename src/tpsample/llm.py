@@ -9,7 +9,9 @@ rank); under torchrun every rank runs the script and the ranks are the torchrun 
 `tpsample.engine.backends`). Structured output: `generate(..., guided=GuidedDecoding(...))`.
 Streaming: `generate(..., stream=callback)`, called with a `StreamDelta` (new token ids and new
 text) per request per step. Stop strings (`SamplingParams.stop`) and text come from the
-front end (`engine.frontend`); the engine sees token ids only.
+front end (`engine.frontend`); the engine sees token ids only. `SamplingParams(prompt_logprobs=n)`
+adds each prompt token's logprob, rank and top-n (`RequestOutput.prompt_logprobs`, None for the
+first token), computed from the prefill's own logits on each rank's vocab shard.
 Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
 Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.

@@ -91,7 +91,7 @@ def num_choices(req) -> int:
 def logprobs(req) -> int | None:
     """The top-n of each output token's logprobs (None: no logprobs)."""
     if isinstance(req, P.ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs and not req.logprobs:          # 0 is OpenAI's default: allowed alone
             raise ValueError("top_logprobs needs logprobs=true")
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
