@@ -202,8 +202,8 @@ class GrammarWaits:
             if failed:
                 out.append((w.batch, failed[0] if isinstance(failed[0], ValueError) else ValueError(str(failed[0]))))
             elif not done:
-                out.append((w.batch, ValueError(f"response_format: the grammar did not compile within "
-                                                f"{w.timeout_s:g} s (the server's grammar time limit)")))
+                out.append((w.batch, ValueError(f"the grammar (response_format or structured_outputs) did not "
+                                                f"compile within {w.timeout_s:g} s (the server's grammar time limit)")))
             else:
                 out.append((w.batch, None))
         return out
