@@ -23,7 +23,7 @@ from tpsample.cli import extras
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("transformers", "safetensors", "rich", "matplotlib", "gguf", "accelerate", "fastapi", "uvicorn",
-            "xgrammar")
+            "prometheus_client", "xgrammar")
 HOOK = f"""
 import sys
 
@@ -93,7 +93,7 @@ def test_the_base_install_is_torch_and_numpy_only(project):
 
 def test_each_extra_holds_every_module_its_commands_import(project):
     for command, (name, modules) in extras.NEEDS.items():
-        missing = set(modules) - extra(project, name)
+        missing = {m.replace("_", "-") for m in modules} - extra(project, name)   # module -> distribution name
         assert not missing, f"tpsample {command} imports {sorted(missing)}, which [{name}] does not install"
 
 
@@ -123,7 +123,7 @@ def test_every_command_names_its_extra():
 def test_serve_holds_the_engine_and_test_and_dev_hold_serve(project):
     engine = extra(project, "engine")
     assert {"safetensors", "transformers", "gguf", "accelerate", "rich", "matplotlib", "xgrammar"} <= engine
-    assert engine | {"fastapi", "uvicorn", "httpx"} <= extra(project, "serve")
+    assert engine | {"fastapi", "uvicorn", "httpx", "prometheus-client"} <= extra(project, "serve")
     kept = {"pytest", "pytest-xdist", "hypothesis", "triton", "xgrammar", "fastapi", "uvicorn", "openai", "httpx"}
     assert extra(project, "serve") | kept <= extra(project, "test")
     assert extra(project, "test") | {"ruff"} <= extra(project, "dev")

@@ -9,7 +9,9 @@ rank); under torchrun every rank runs the script and the ranks are the torchrun 
 `tpsample.engine.backends`). Structured output: `generate(..., guided=GuidedDecoding(...))`.
 Streaming: `generate(..., stream=callback)`, called with a `StreamDelta` (new token ids and new
 text) per request per step. Stop strings (`SamplingParams.stop`) and text come from the
-front end (`engine.frontend`); the engine sees token ids only.
+front end (`engine.frontend`); the engine sees token ids only. `SamplingParams(prompt_logprobs=n)`
+adds each prompt token's logprob, rank and top-n (`RequestOutput.prompt_logprobs`, None for the
+first token), computed from the prefill's own logits on each rank's vocab shard.
 Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
 Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
@@ -34,6 +36,7 @@ from tpsample.engine.backends import InProcessBackend, SpmdBackend, under_torchr
 from tpsample.engine.config import EngineConfig, NgramConfig, check_max_model_len
 from tpsample.engine.core import NewRequest
 from tpsample.engine.frontend import TrackedRequest, run_to_completion
+from tpsample.engine.generation_config import read_generation_config
 from tpsample.engine.multiproc import MultiprocBackend
 from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.engine.report import EngineInfo, RunStats
@@ -92,6 +95,7 @@ class LLM:
         resolve_dtype(self.config.dtype, model_config)
         if self.config.load_format != "dummy":
             check_checkpoint(model, model_config)      # headers only: names, dtypes, full shapes
+        read_generation_config(model)              # a malformed file is one line naming it, now
         self.tokenizer = load_tokenizer(model)
         if under_torchrun():
             self._backend = SpmdBackend(self.config)

@@ -22,7 +22,7 @@ Ranges, and why (the sampler computes in fp32):
 - `top_p` in (0, 1] and `min_p` (when not 0) at least 2**-126 (~1.2e-38, the smallest normal
   fp32): smaller values are 0 in fp32, which would keep no token at all.
 - Integers that reach the sampler's int64 / int32 tables are bounded so that they fit: `min_tokens`
-  in [0, 2**63), `max_tokens` in [1, 2**63), `logprobs` in [0, 65536] (the most any sampler
+  in [0, 2**63), `max_tokens` in [1, 2**63), `logprobs` and `prompt_logprobs` in [0, 65536] (the most any sampler
   allows, see `MAX_LOGPROBS`), token ids (`stop_token_ids`, `allowed_token_ids`, `logit_bias`
   keys, `bad_words_token_ids`) in [0, 2**31) (int32 tables; the vocabulary is below 2**31).
 - `seed`: any integer (or None). The noise keys on the seed mod 2**64, so seeds equal mod 2**64
@@ -96,6 +96,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: Optional[tuple[str, ...]] = None      # stop strings (a str or a list is accepted); matched on text
     include_stop_str_in_output: bool = False    # keep the matched stop string (or stop token's text)
+    prompt_logprobs: Optional[int] = None       # each prompt token's logprob and rank, plus the top-n (engine)
 
     def __post_init__(self) -> None:
         # Construction-time normalisation of the instance being built (numpy scalars -> Python
@@ -131,6 +132,8 @@ class SamplingParams:
             "logprobs": None if self.logprobs is None else _int(self.logprobs, "logprobs", 0,
                                                                   f"None or an integer in [0, {MAX_LOGPROBS}]",
                                                                   MAX_LOGPROBS),
+            "prompt_logprobs": None if self.prompt_logprobs is None else _int(
+                self.prompt_logprobs, "prompt_logprobs", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
             "ignore_eos": as_bool(self.ignore_eos, "ignore_eos"),
             "include_stop_str_in_output": as_bool(self.include_stop_str_in_output, "include_stop_str_in_output"),
         }
@@ -176,6 +179,9 @@ class SamplingParams:
             in_vocab(w, "bad_words_token_ids")
         if self.logprobs is not None:
             check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}", self.logprobs)
+        if self.prompt_logprobs is not None:
+            check(self.prompt_logprobs <= max_logprobs, "prompt_logprobs", f"<= max_logprobs={max_logprobs}",
+                  self.prompt_logprobs)
         if self.top_k >= vocab_size:
             return dataclasses.replace(self, top_k=-1)
         return self

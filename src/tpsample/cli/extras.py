@@ -15,7 +15,7 @@ from .args import UsageError
 
 ENGINE = ("transformers", "safetensors", "gguf", "accelerate", "rich")   # the engine and the default model
 TABLES = ("rich", "matplotlib")                                          # the benchmarks' tables and plots
-SERVER = ("fastapi", "uvicorn")
+SERVER = ("fastapi", "uvicorn", "prometheus_client")
 
 # command (as typed after `tpsample`) -> (extra, modules it imports)
 NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -59,6 +59,12 @@ def add_serve_args(p) -> None:
                    help="requests in flight before answering 429 (default: 4 x --max-num-seqs)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the server's log level (default: info)")
+    p.add_argument("--generation-config", default="auto", metavar="{auto,vllm,none,FOLDER}",
+                   help="defaults for sampling fields a request leaves out: 'auto' reads the model's "
+                        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+                        "max_new_tokens), 'vllm' or 'none' reads nothing, a folder reads its file (default: auto)")
+    p.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help='defaults that win over the generation config, e.g. \'{"temperature": 0.5}\'')
     add_serve_limit_args(p)
 
 
@@ -118,18 +124,39 @@ def serve_config(args):
                        api_key=api_key, allowed_hosts=hosts)
 
 
+def override_generation_config(text: str | None) -> dict | None:
+    """--override-generation-config: a JSON object, or a one-line ValueError."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--override-generation-config must be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--override-generation-config must be a JSON object, got {text!r}")
+    return value
+
+
+def _describe(defaults: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in defaults.items()) or "none (OpenAI's defaults)"
+
+
 def run_serve(args) -> int:
     """Serve until SIGINT / SIGTERM (exit code 0) or an engine failure (1); the workers are
     stopped before it returns."""
     from rich.console import Console
 
     from tpsample.serve.app import build_app
+    from tpsample.serve.sampling import generation_defaults
     from tpsample.serve.server import bind, serve_forever
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     check_positive(args, "max_pending")
     config = serve_config(args)
+    override = override_generation_config(args.override_generation_config)
     sock = bind(args.host, args.port)              # a taken port fails now, not after loading
     console = Console(stderr=True)
     try:
@@ -140,7 +167,10 @@ def run_serve(args) -> int:
     name = args.served_model_name or name
     code = 0
     try:
-        app = build_app(llm, model_name=name, max_pending=args.max_pending, config=config)
+        defaults = generation_defaults(args.generation_config, llm.config.model, override)
+        console.print(f"sampling defaults for fields a request leaves out (--generation-config "
+                      f"{args.generation_config}): {_describe(defaults)}")
+        app = build_app(llm, model_name=name, max_pending=args.max_pending, config=config, defaults=defaults)
         host, port = sock.getsockname()[:2]
         console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (TP={args.tp}, strategy "
                       f"{llm.info.strategy}, {llm.info.kv_tokens:,} KV tokens"

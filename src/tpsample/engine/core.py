@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from tpsample.engine.report import RunStats
-from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
+from tpsample.engine.request import GuidedDecoding, Request, RequestTimings, TokenLogprob
 from tpsample.engine.structured import COMPILE_TIMEOUT_S, GrammarWaits
 
 PARKED_POLL_S = 0.005           # how often an otherwise idle loop looks at the grammars compiling
@@ -77,20 +78,21 @@ class TokenUpdate:
     stop_reason: int | None = None          # the stop token id that finished it
     stop_token: bool = False                # the last new token is the EOS / stop token that finished it
     num_nan_logits: int = 0                 # NaN values in the request's logits rows so far
+    time_s: float = 0.0                     # time.monotonic() on rank 0 when these tokens were ready
+    timings: RequestTimings | None = None   # with its first tokens and its finish: where its time went
+    prompt_logprobs: list | None = None     # with its first tokens (or its finish): RequestOutput.prompt_logprobs
 
 
 @dataclass(frozen=True)
 class Reported:
     stats: RunStats
     resources: dict = field(default_factory=dict)
-    finished: dict = field(default_factory=dict)    # requests finished so far, by finish reason
 
 
 class EngineCore:
     def __init__(self, engine):
         self.engine = engine
         self.live: dict[str, Request] = {}
-        self.finished: dict[str, int] = {}
         self.parked = GrammarWaits()             # batches whose grammars compile
 
     def apply(self, cmd) -> list:
@@ -101,7 +103,7 @@ class EngineCore:
                     for b in self.parked.cancel(set(cmd.req_ids))] + \
                 [self._abort(rid) for rid in cmd.req_ids if rid in self.live]
         if isinstance(cmd, Report):
-            return [Reported(self.engine.take_stats(), self.engine.resources(), dict(self.finished))]
+            return [Reported(self.engine.take_stats(), self.engine.resources())]
         raise TypeError(f"unknown engine command {cmd!r}")
 
     def _add(self, new: tuple[NewRequest, ...], compiled: bool = False):
@@ -154,20 +156,25 @@ class EngineCore:
     def _abort(self, req_id: str) -> TokenUpdate:
         req = self.live.pop(req_id)
         self.engine.abort(req)
-        self.finished["abort"] = self.finished.get("abort", 0) + 1
-        return TokenUpdate(req_id, [], None, "abort", num_nan_logits=req.num_nan_logits)
+        now = time.monotonic()
+        return TokenUpdate(req_id, [], None, "abort", num_nan_logits=req.num_nan_logits, time_s=now,
+                           timings=req.timings(now))
 
     def step(self) -> list[TokenUpdate]:
         updates = []
-        for req, new in self.engine.step():
+        results = self.engine.step()
+        now = time.monotonic()
+        for req, new in results:
             lps = req.logprobs[len(req.logprobs) - len(new):] if req.logprobs is not None and new else None
             done = req.finish_reason is not None
             if done:
                 del self.live[req.req_id]
-                self.finished[req.finish_reason] = self.finished.get(req.finish_reason, 0) + 1
+            first = len(req.output_token_ids) == len(new)      # its first update: tokens or an early finish
             updates.append(TokenUpdate(
                 req.req_id, list(new), lps, req.finish_reason, req.stop_reason,
-                stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits))
+                stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits,
+                time_s=now, timings=req.timings(now) if done or first else None,
+                prompt_logprobs=req.prompt_logprobs if first else None))
         return updates
 
     def run_once(self, commands: list) -> list:

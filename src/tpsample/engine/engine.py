@@ -79,10 +79,12 @@ class Engine:
         req = Request(req_id=req_id or f"req-{self._next_id}", index=index, prompt_token_ids=prompt, params=params,
                       guided=guided, matcher=matcher)
         req.logprobs = [] if params.logprobs is not None else None
+        req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         self._next_id += 1
         return req
 
     def add_request(self, req: Request) -> None:
+        req.arrival_s = time.monotonic()
         self.scheduler.add(req)
         self.stats.num_prompt_tokens += len(req.prompt_token_ids)
 
@@ -103,18 +105,22 @@ class Engine:
         if not step.token_ids:
             raise RuntimeError("scheduler made no progress (no tokens scheduled); this is a bug")
         self.channel.send(step)
-        out = self.runner.execute(step)
+        result = self.runner.execute(step)
         self.stats.num_steps += 1
+        prompt_logprobs = _token_logprobs(result.prompt_logprobs)
+        out = result.sampled
         if out is None:
-            return self.scheduler.update([], [], None)
+            return self.scheduler.update([], [], None, prompt_logprobs=prompt_logprobs)
         num_sampled = out.num_sampled.tolist()
         if step.draft_token_ids is not None:
             proposed = sum(len(d) for d in step.draft_token_ids)
+            self.stats.num_drafts += sum(1 for d in step.draft_token_ids if d)
             self.stats.num_draft_tokens += proposed
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
         results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out),
-                                        out.num_nans.tolist(), out.num_fallback.tolist())
+                                        out.num_nans.tolist(), out.num_fallback.tolist(), prompt_logprobs)
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
+        _stamp_tokens(results, time.monotonic())
         if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
             self.stats.add_decode_step(time.perf_counter() - start, sum(step.seq_lens))
         return results
@@ -145,19 +151,35 @@ class Engine:
         self.channel.send(Shutdown())
 
 
-def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:
-    if out.logprobs is None:
+def _stamp_tokens(results: list[tuple[Request, list[int]]], now: float) -> None:
+    for req, new in results:
+        if new:
+            if req.first_token_s is None:
+                req.first_token_s = now
+            req.last_token_s = now
+
+
+def _token_logprobs(lps) -> list[TokenLogprob] | None:
+    """A LogprobsOutput as one TokenLogprob per row (top-n padding dropped)."""
+    if lps is None:
         return None
-    ids, lps, ranks = out.logprobs.token_ids.tolist(), out.logprobs.logprobs.tolist(), out.logprobs.ranks.tolist()
+    ids, values, ranks = lps.token_ids.tolist(), lps.logprobs.tolist(), lps.ranks.tolist()
+    out = []
+    for r in range(len(ids)):
+        top = [(t, lp) for t, lp in zip(ids[r][1:], values[r][1:]) if t >= 0]
+        out.append(TokenLogprob(ids[r][0], values[r][0], ranks[r], tuple(t for t, _ in top),
+                                tuple(lp for _, lp in top)))
+    return out
+
+
+def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:
+    """The sampled tokens' logprobs per request (its accepted rows)."""
+    rows = _token_logprobs(out.logprobs)
+    if rows is None:
+        return None
     drafts = step.draft_token_ids or [[] for _ in step.sample_req_ids]
     result, row = [], 0
     for i, d in enumerate(drafts):
-        n = int(out.num_sampled[i])
-        per_req = []
-        for r in range(row, row + n):
-            top = [(t, lp) for t, lp in zip(ids[r][1:], lps[r][1:]) if t >= 0]
-            per_req.append(TokenLogprob(ids[r][0], lps[r][0], ranks[r],
-                                        tuple(t for t, _ in top), tuple(lp for _, lp in top)))
-        result.append(per_req)
+        result.append(rows[row:row + int(out.num_sampled[i])])
         row += 1 + len(d)
     return result

@@ -16,18 +16,20 @@ from tpsample.engine.request import RequestOutput, StreamDelta, TokenLogprob
 
 class TrackedRequest:
     def __init__(self, req_id: str, index: int, prompt_token_ids: list[int], params, tokenizer=None,
-                 prompt: str | None = None):
+                 prompt: str | None = None, *, skip_special_tokens: bool = True):
         self.req_id, self.index, self.prompt, self.params = req_id, index, prompt, params
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.num_nan_logits = 0
         self.detok = None
         if tokenizer is not None:
             self.detok = IncrementalDetokenizer(tokenizer, self.prompt_token_ids, stop=params.stop,
-                                                include_stop_str_in_output=params.include_stop_str_in_output)
+                                                include_stop_str_in_output=params.include_stop_str_in_output,
+                                                skip_special_tokens=skip_special_tokens)
         elif params.stop:
             raise ValueError("SamplingParams.stop needs a tokenizer in the model folder; use stop_token_ids")
 
@@ -39,6 +41,8 @@ class TrackedRequest:
         """(the delta to stream or None, whether the engine request must now be aborted)."""
         if self.finished:
             return None, False
+        if upd.prompt_logprobs is not None:
+            self.prompt_logprobs = list(upd.prompt_logprobs)
         new, stop_str = [], None
         for j, token in enumerate(upd.new_token_ids):
             new.append(token)
@@ -68,7 +72,8 @@ class TrackedRequest:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
                              self.finish_reason, self.logprobs,
                              text=self.detok.text if self.detok is not None else None, prompt=self.prompt,
-                             stop_reason=self.stop_reason, num_nan_logits=self.num_nan_logits)
+                             stop_reason=self.stop_reason, num_nan_logits=self.num_nan_logits,
+                             prompt_logprobs=self.prompt_logprobs)
 
 
 def run_to_completion(client, tracked: list[TrackedRequest], new_requests: tuple, on_delta=None):

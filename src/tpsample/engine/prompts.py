@@ -40,8 +40,10 @@ def _from_encoding(enc) -> list[list[int]]:
     return rows
 
 
-def normalize_prompts(prompts, tokenizer, model: str) -> tuple[list[str | None], list[list[int]]]:
-    """(texts, token ids) per prompt; text prompts are encoded with the tokenizer."""
+def normalize_prompts(prompts, tokenizer, model: str, *,
+                      add_special_tokens: bool = True) -> tuple[list[str | None], list[list[int]]]:
+    """(texts, token ids) per prompt; text prompts are encoded with the tokenizer (with its special
+    tokens, BOS and the like, unless add_special_tokens=False)."""
     if prompts is None or isinstance(prompts, (bytes, bytearray, numbers.Number)):
         raise ValueError(f"prompts must not be {type(prompts).__name__}: {_WHAT}")
     if isinstance(prompts, str):
@@ -68,7 +70,7 @@ def normalize_prompts(prompts, tokenizer, model: str) -> tuple[list[str | None],
             if tokenizer is None:
                 raise ValueError(f"prompt {i} is text but {model} has no tokenizer; pass token ids")
             texts.append(p)
-            ids.append(tokenizer.encode(p, add_special_tokens=True))
+            ids.append(tokenizer.encode(p, add_special_tokens=add_special_tokens))
         elif hasattr(p, "ndim") and hasattr(p, "tolist") and p.ndim == 1:
             texts.append(None)
             ids.append([int(t) for t in p.tolist()])
@@ -84,8 +86,17 @@ def _is_message(m) -> bool:
     return isinstance(m, Mapping) and "role" in m
 
 
-def chat_prompts(messages, tokenizer, chat_template: str | None = None) -> tuple[list[str], list[list[int]]]:
-    """(templated texts, token ids) for one conversation or a list of conversations."""
+def chat_prompts(messages, tokenizer, chat_template: str | None = None, *, add_generation_prompt: bool = True,
+                 continue_final_message: bool = False, template_kwargs: Mapping | None = None,
+                 add_special_tokens: bool = False) -> tuple[list[str], list[list[int]]]:
+    """(templated texts, token ids) for one conversation or a list of conversations.
+
+    add_generation_prompt: end with the assistant's turn opening (the default);
+    continue_final_message: leave the last message open so the model continues it (not with
+    add_generation_prompt); template_kwargs: more variables for the template; add_special_tokens:
+    special tokens on top of the template's own (off: the template holds BOS and the like)."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt must be false when continue_final_message is true")
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer with a chat template in the model folder")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -101,9 +112,9 @@ def chat_prompts(messages, tokenizer, chat_template: str | None = None) -> tuple
     texts = []
     for conv in conversations:
         try:
-            texts.append(tokenizer.apply_chat_template(conv, chat_template=chat_template, tokenize=False,
-                                                       add_generation_prompt=True))
+            texts.append(tokenizer.apply_chat_template(
+                conv, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(template_kwargs or {})))
         except Exception as e:       # jinja raises its own types for templates that reject a message
             raise ValueError(f"the chat template rejected the messages: {e}") from None
-    # the template already holds the special tokens (BOS and the like): add none
-    return texts, [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    return texts, [tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]

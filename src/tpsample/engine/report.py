@@ -34,6 +34,7 @@ class RunStats:
     num_output_tokens: int = 0
     num_preemptions: int = 0
     max_running: int = 0
+    num_drafts: int = 0                   # requests that had draft tokens, summed over steps
     num_draft_tokens: int = 0
     num_accepted_drafts: int = 0
     num_decode_steps: int = 0             # steps with one new token per sequence

@@ -58,6 +58,18 @@ class TokenLogprob:
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
+@dataclass(frozen=True)
+class RequestTimings:
+    """Where a finished request's time went, in seconds, from the engine's clock (vLLM's phases):
+    queued (admitted -> first scheduled), prefill (first scheduled -> first token), decode
+    (first token -> last token), inference (first scheduled -> last token). A phase the request
+    never reached counts 0."""
+    queued_s: float
+    prefill_s: float
+    decode_s: float
+    inference_s: float
+
+
 @dataclass
 class RequestOutput:
     """One finished request. As in vLLM: finish_reason "stop" (EOS, a stop token, a stop string
@@ -73,6 +85,9 @@ class RequestOutput:
     prompt: str | None = None
     stop_reason: str | int | None = None
     num_nan_logits: int = 0            # NaN values seen in this request's logits rows
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
+    # predicts it), then the prompt token's logprob and rank given the tokens before it, plus the top-n
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,7 @@ class Request:
     guided: GuidedDecoding | None = None
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None    # [None] + one per prompt token computed
     num_computed_tokens: int = 0        # tokens whose K/V sit in the cache
     block_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -111,6 +127,11 @@ class Request:
     in_sampler: bool = False            # added to the sampler on every rank (kept while preempted)
     num_preemptions: int = 0
     matcher: Any = None                 # xgrammar.GrammarMatcher for guided requests
+    # time.monotonic() stamps on rank 0: admitted, first scheduled, first and last token
+    arrival_s: float = 0.0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -123,7 +144,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def timings(self, now: float) -> RequestTimings:
+        """The phases so far (`now` ends a phase still running: an abort)."""
+        scheduled = self.scheduled_s if self.scheduled_s is not None else now
+        first = self.first_token_s if self.first_token_s is not None else (now if self.scheduled_s else scheduled)
+        last = self.last_token_s if self.last_token_s is not None else first
+        return RequestTimings(queued_s=scheduled - self.arrival_s, prefill_s=first - scheduled,
+                              decode_s=last - first, inference_s=last - scheduled)
+
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
                              self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
-                             num_nan_logits=self.num_nan_logits)
+                             num_nan_logits=self.num_nan_logits, prompt_logprobs=self.prompt_logprobs)

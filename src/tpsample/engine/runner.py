@@ -5,7 +5,11 @@ Contract
   sampler's removals and additions (so slots match on every rank) and the step's block-table
   diff, runs the forward over the step's tokens writing their K/V into the paged cache, computes
   this rank's local logits for the sampled rows in `plan.logits_order`, and calls the sampler.
-- Outputs: the sampler's `SamplerOutput` (identical on every rank) or None when nothing sampled.
+- Outputs: a `StepOutput` (identical on every rank): the sampler's `SamplerOutput` (None when
+  nothing sampled) and the logprobs of the step's prompt-logprob rows (prefill positions of
+  requests that asked for prompt logprobs), computed from this rank's vocab shard of those rows
+  with `tpsample.ops.logprobs` (log-sum-exp and top-n across ranks by collectives: no rank
+  gathers a full row), at most `prompt_logprob_chunk` rows at a time.
 - Paths: on CUDA the attention is the Triton paged kernels and pure decode steps replay a CUDA
   graph (forward + LM head; the sampler runs outside it); prefill, mixed and draft steps run
   eagerly. On CPU: the torch attention, eagerly. Metadata is built with numpy, never per token.
@@ -26,7 +30,7 @@ from tpsample.kernels.gate import kernels_wanted
 from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
-from tpsample.engine.step import StepInput
+from tpsample.engine.step import StepInput, StepOutput
 from tpsample.model import (
     AttentionMetadata,
     ModelConfig,
@@ -83,6 +87,8 @@ class ModelRunner:
                                        page_size=cfg.block_size, max_seq_len=self.max_seq_len, device=self.device)
             self.graphs.capture()
         self.cuda_graph_batch_sizes = tuple(self.graphs.sizes) if self.graphs else ()
+        # prompt-logprob rows at a time: no more logits rows than a step's sampler already holds
+        self.prompt_logprob_chunk = min(64, cfg.max_num_seqs * (1 + cfg.num_speculative_tokens))
 
     def _graphs_supported(self) -> bool:
         # dynamic NTK RoPE computes angles from each sequence's length on the host side of torch ops
@@ -95,7 +101,7 @@ class ModelRunner:
         return self.group.all_reduce(peaks).tolist()
 
     @torch.inference_mode()
-    def execute(self, step: StepInput):
+    def execute(self, step: StepInput) -> StepOutput:
         for req_id in step.remove:
             self.sampler.remove_request(req_id)
             self.tables.remove(req_id)
@@ -104,7 +110,7 @@ class ModelRunner:
             self.tables.add(req_id)
         self.tables.apply(step.block_updates)
         if not step.token_ids:
-            return None
+            return StepOutput()
         q_lens = np.asarray(step.query_lens, dtype=np.int64)
         s_lens = np.asarray(step.seq_lens, dtype=np.int64)
         rows = self.tables.rows(step.seq_req_ids)
@@ -115,16 +121,30 @@ class ModelRunner:
         if decode and self.graphs is not None and self.graphs.bucket(len(s_lens)) is not None:
             plan = self._plan(step)
             logits = self.graphs.run(token_ids, positions, slots, s_lens, tables)    # [S, V_r], row = seq
-            return self.sampler.sample(_reorder(logits, plan.logits_order), plan)
+            return StepOutput(self.sampler.sample(_reorder(logits, plan.logits_order), plan))
         meta = self._metadata(q_lens, s_lens, tables, slots, decode)
         dev = self.device
         hidden = self.model(torch.from_numpy(token_ids).to(dev), torch.from_numpy(positions).to(dev), meta)
+        prompt_logprobs = self._prompt_logprobs(hidden, step) if step.prompt_logprob_index else None
         if not step.sample_req_ids:
-            return None
+            return StepOutput(None, prompt_logprobs)
         plan = self._plan(step)
         rows = torch.tensor(step.logits_token_index, dtype=torch.int64)[plan.logits_order.cpu()]
         local_logits = self.model.compute_logits(hidden[rows.to(dev)])  # [rows, V_r]
-        return self.sampler.sample(local_logits, plan)
+        return StepOutput(self.sampler.sample(local_logits, plan), prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, step: StepInput):
+        """The given prompt tokens' logprobs, ranks and top-n over this rank's shard (a collective)."""
+        rows = torch.tensor(step.prompt_logprob_index, dtype=torch.int64, device=self.device)
+        targets = torch.tensor(step.prompt_logprob_token_ids, dtype=torch.int64, device=self.device)
+        parts = []
+        for start in range(0, len(rows), self.prompt_logprob_chunk):
+            end = start + self.prompt_logprob_chunk
+            local_logits = self.model.compute_logits(hidden[rows[start:end]])     # [chunk, V_r]
+            parts.append(tpsample.ops.logprobs(local_logits, targets[start:end], step.num_prompt_logprobs,
+                                               group=self.group, vocab_size=self.vocab_size))
+        return tpsample.ops.LogprobsOutput(torch.cat([p.token_ids for p in parts]),
+                                           torch.cat([p.logprobs for p in parts]), torch.cat([p.ranks for p in parts]))
 
     def _plan(self, step: StepInput):
         return self.sampler.plan(step.sample_req_ids, draft_token_ids=step.draft_token_ids,

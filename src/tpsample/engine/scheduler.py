@@ -19,6 +19,7 @@ Contract
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import replace
 
@@ -41,6 +42,7 @@ class Scheduler:
         self._to_remove: list[str] = []
         self._num_in_sampler = 0
         self._scheduled: list[tuple[Request, int, list[int]]] = []
+        self._prompt_rows: list[tuple[Request, int]] = []   # this step's prompt-logprob rows, per request
         self._pages_sent: dict[str, int] = {}      # req_id -> pages every rank's table holds
         spec = cfg.speculative_ngram
         self._ngram = None if spec is None else NgramProposer(min_n=spec.min_n, max_n=spec.max_n)
@@ -108,6 +110,8 @@ class Scheduler:
             self.blocks.grow(req.block_ids, req.num_computed_tokens + num_new)
             self.waiting.popleft()
             req.status = Status.RUNNING
+            if req.scheduled_s is None:
+                req.scheduled_s = time.monotonic()
             self.running.append(req)
             if not req.in_sampler:
                 added.append((req.req_id, req.params, list(req.prompt_token_ids)))
@@ -140,9 +144,15 @@ class Scheduler:
     def _build_step(self, scheduled: list, added: list) -> StepInput:
         tokens, q_lens, s_lens, seq_ids, updates = [], [], [], [], []
         sample_ids, drafts_all, rows, row_reqs = [], [], [], []
+        prompt_index, prompt_targets, self._prompt_rows = [], [], []
         for req, num_new, drafts in scheduled:
             start = req.num_computed_tokens
             first_token = len(tokens)
+            positions = _prompt_logprob_positions(req, start, num_new)
+            if positions:
+                prompt_index += [first_token + p - start for p in positions]
+                prompt_targets += [req.prompt_token_ids[p + 1] for p in positions]
+                self._prompt_rows.append((req, len(positions)))
             tokens += _token_slice(req, start, start + num_new) + drafts
             q_lens.append(num_new + len(drafts))
             s_lens.append(start + num_new + len(drafts))
@@ -160,7 +170,9 @@ class Scheduler:
             remove=self.pending_removals(), add=tuple(added), block_updates=tuple(updates),
             seq_req_ids=tuple(seq_ids), token_ids=tokens, query_lens=q_lens, seq_lens=s_lens,
             sample_req_ids=sample_ids, draft_token_ids=drafts_all if any(drafts_all) else None,
-            logits_token_index=rows, grammar_bitmask=self._bitmask(row_reqs, len(rows)))
+            logits_token_index=rows, grammar_bitmask=self._bitmask(row_reqs, len(rows)),
+            prompt_logprob_index=prompt_index, prompt_logprob_token_ids=prompt_targets,
+            num_prompt_logprobs=max((r.params.prompt_logprobs for r, _ in self._prompt_rows), default=0))
 
     def _bitmask(self, row_reqs: list, num_rows: int):
         if self.grammar is None or not any(req.matcher is not None for req, _ in row_reqs):
@@ -176,8 +188,11 @@ class Scheduler:
     # -- results ------------------------------------------------------------------------------
     def update(self, sampled: list[list[int]], num_sampled: list[int],
                logprobs: list[list[TokenLogprob]] | None, num_nans: list[int] | None = None,
-               num_fallback: list[int] | None = None) -> list[tuple[Request, list[int]]]:
-        """Advance every scheduled request; return (request, new tokens) for those that sampled."""
+               num_fallback: list[int] | None = None,
+               prompt_logprobs: list[TokenLogprob] | None = None) -> list[tuple[Request, list[int]]]:
+        """Advance every scheduled request; return (request, new tokens) for those that sampled.
+        prompt_logprobs: the step's prompt-logprob rows, in `StepInput.prompt_logprob_index` order."""
+        self._add_prompt_logprobs(prompt_logprobs or [])
         results, i = [], 0
         for req, num_new, drafts in self._scheduled:
             req.num_computed_tokens += num_new
@@ -197,6 +212,15 @@ class Scheduler:
             i += 1
         self._scheduled = []
         return results
+
+    def _add_prompt_logprobs(self, rows: list[TokenLogprob]) -> None:
+        first = 0
+        for req, n in self._prompt_rows:
+            top = req.params.prompt_logprobs     # the step's widest request sets the width; trim
+            req.prompt_logprobs += [replace(lp, top_token_ids=lp.top_token_ids[:top],
+                                            top_logprobs=lp.top_logprobs[:top]) for lp in rows[first:first + n]]
+            first += n
+        self._prompt_rows = []
 
     def _append(self, req: Request, tokens: list[int], logprobs) -> list[int]:
         new = []
@@ -243,6 +267,14 @@ class Scheduler:
         self._pages_sent.pop(req.req_id, None)
         if self._ngram is not None:
             self._ngram.drop(req.req_id)
+
+
+def _prompt_logprob_positions(req: Request, start: int, num_new: int) -> range:
+    """Positions p in this chunk whose hidden state gives the logprob of prompt token p + 1 and
+    whose logprob is not known yet (a request recomputed after preemption asks for none again)."""
+    if req.prompt_logprobs is None:
+        return range(0)
+    return range(max(start, len(req.prompt_logprobs) - 1), min(start + num_new, len(req.prompt_token_ids) - 1))
 
 
 def _token_slice(req: Request, start: int, end: int) -> list[int]:

@@ -21,7 +21,8 @@ class StepInput:
 
     Every rank applies `remove`, then `add` (in order, so sampler slots and block-table rows
     match), then `block_updates`, runs the forward over `token_ids`, then samples
-    `sample_req_ids` (if any) in that order.
+    `sample_req_ids` (if any) in that order, and takes the logprobs of the prompt tokens at
+    `prompt_logprob_index` (prefill rows of requests that asked for prompt logprobs).
     """
     remove: tuple[str, ...] = ()                    # req_ids leaving the sampler (and their tables)
     add: tuple[tuple[str, Any, list[int]], ...] = ()  # (req_id, SamplingParams, prompt ids) joining it
@@ -36,10 +37,26 @@ class StepInput:
     draft_token_ids: list[list[int]] | None = None              # [num_reqs][num_drafts]
     logits_token_index: list[int] = field(default_factory=list)  # [rows] token index of each row
     grammar_bitmask: torch.Tensor | None = None                 # [rows, ceil(V/32)] int32, 1 = allowed
+    # prompt logprobs: [P] token index of each prompt row, [P] the prompt token it predicts, top-n
+    prompt_logprob_index: list[int] = field(default_factory=list)
+    prompt_logprob_token_ids: list[int] = field(default_factory=list)
+    num_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What a rank's runner returns for one step, identical on every rank.
+
+    sampled: the sampler's output for `sample_req_ids` (None when nothing sampled);
+    prompt_logprobs: a `LogprobsOutput` over `prompt_logprob_index` rows, in that order: column 0
+    the given prompt token, then the top `num_prompt_logprobs` (None when no row asked).
+    """
+    sampled: Any = None
+    prompt_logprobs: Any = None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ Contract
   (a running compile cannot be interrupted; it finishes and lands in the cache).
 - `GrammarWaits`: the engine core's batches parked on their grammars, handed back once every
   grammar compiled, one failed, or the batch waited past its time limit.
-- The cache holds at most `max_cached` compiled grammars, least recently used dropped first, so
-  a grammar is compiled once while it is cached; xgrammar's own (unbounded) cache is off.
-  `num_compiled` counts compilations.
+- The cache holds at most `max_cached` compiled grammars and `max_cached_bytes` of them (xgrammar's
+  `memory_size_bytes`: a grammar's token masks grow with the vocabulary, to MBs each), least
+  recently used dropped first, so a grammar is compiled once while it is cached and the memory
+  it keeps is bounded (the newest grammar stays even when it alone is larger); xgrammar's own
+  (unbounded) cache is off. `num_compiled` counts compilations, `cached_bytes` what is kept.
 
 Lives on rank 0 with the scheduler; the bitmask travels to every rank inside the step.
 """
@@ -34,6 +36,7 @@ from tpsample.engine.request import GuidedDecoding
 COMPILE_TIMEOUT_S = 30.0          # the engine core's default time limit for one grammar
 COMPILE_THREADS = 2
 MAX_CACHED = 64
+MAX_CACHED_BYTES = 512 << 20      # as vLLM's default xgrammar cache (VLLM_XGRAMMAR_CACHE_MB)
 
 
 class GrammarBackend:
@@ -43,13 +46,15 @@ class GrammarBackend:
     then built by the first compile (seconds for a large vocabulary), not at start-up.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, *, max_cached: int = MAX_CACHED):
-        self.vocab_size, self.max_cached = vocab_size, max_cached
+    def __init__(self, tokenizer, vocab_size: int, *, max_cached: int = MAX_CACHED,
+                 max_cached_bytes: int = MAX_CACHED_BYTES):
+        self.vocab_size, self.max_cached, self.max_cached_bytes = vocab_size, max_cached, max_cached_bytes
         self._tokenizer = tokenizer
         self._compiler = None
         self._lock = threading.RLock()                  # the cache, the jobs, the counters
         self._compiler_lock = threading.Lock()          # builds the compiler once
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
+        self.cached_bytes = 0
         self._jobs: dict[tuple[str, str], tuple[Future, int]] = {}     # key -> (job, waiters)
         self._pool: ThreadPoolExecutor | None = None
         self.num_compiled = 0
@@ -91,9 +96,12 @@ class GrammarBackend:
             raise ValueError(f"guided decoding {kind} does not compile: {why}") from e
         with self._lock:
             self.num_compiled += 1
-            self._cache[key] = compiled
-            while len(self._cache) > self.max_cached:
-                self._cache.popitem(last=False)
+            if key not in self._cache:          # two threads may compile one grammar: keep one
+                self._cache[key] = compiled
+                self.cached_bytes += compiled.memory_size_bytes
+            while len(self._cache) > self.max_cached or (len(self._cache) > 1
+                                                          and self.cached_bytes > self.max_cached_bytes):
+                self.cached_bytes -= self._cache.popitem(last=False)[1].memory_size_bytes
         return compiled
 
     def is_cached(self, guided: GuidedDecoding) -> bool:
@@ -194,8 +202,8 @@ class GrammarWaits:
             if failed:
                 out.append((w.batch, failed[0] if isinstance(failed[0], ValueError) else ValueError(str(failed[0]))))
             elif not done:
-                out.append((w.batch, ValueError(f"response_format: the grammar did not compile within "
-                                                f"{w.timeout_s:g} s (the server's grammar time limit)")))
+                out.append((w.batch, ValueError(f"the grammar (response_format or structured_outputs) did not "
+                                                f"compile within {w.timeout_s:g} s (the server's grammar time limit)")))
             else:
                 out.append((w.batch, None))
         return out

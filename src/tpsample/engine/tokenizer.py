@@ -1,7 +1,6 @@
 """Tokenizer and stop-token discovery from a local HF folder (no downloads)."""
 from __future__ import annotations
 
-import json
 import os
 
 from tpsample.model.config_fields import read_json_object
@@ -37,12 +36,9 @@ def load_tokenizer(folder: str):
 
 def generation_eos_ids(folder: str) -> tuple[int, ...]:
     """EOS ids from generation_config.json (config.json's are read by the model config)."""
-    path = os.path.join(folder, "generation_config.json")
-    if not os.path.exists(path):
-        return ()
-    with open(path) as f:
-        eos = json.load(f).get("eos_token_id")
-    return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    from tpsample.engine.generation_config import eos_token_ids
+
+    return eos_token_ids(folder)
 
 
 def make_grammar_backend(folder: str, vocab_size: int):

@@ -11,17 +11,23 @@ Contract
   more choices than that could never run and is a ValueError (400). A stopped, failed or
   draining engine raises `EngineStopped` (503). A request the engine rejects raises its
   ValueError (400). Never blocks the event loop on the engine.
+- Every choice's end is counted in `metrics` with the finish reason its client got ("abort"
+  for one still running when its generator closes: the client left, or the server stopped it),
+  with its tokens and the engine's time stamps; `report` passes the engine's counters there too.
 - `drain(reason)` (server shutdown): no new request is admitted and every open one ends at once
   with `EngineStopped(reason)`. An engine that fails calls `on_failure(error)` (the server exits).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+import time
 import uuid
 
 from tpsample.engine.core import Abort, Accepted, AddRequests, NewRequest, Rejected, Report, Reported, TokenUpdate
 from tpsample.engine.frontend import TrackedRequest
+from tpsample.serve.metrics import ServeMetrics
 
 
 class Overloaded(Exception):
@@ -37,9 +43,17 @@ class _Failed:
         self.error = error
 
 
+def _without_tokens(ev: TokenUpdate) -> TokenUpdate:
+    """The update with its tokens dropped (a finish is "length": the caller asked for none)."""
+    return dataclasses.replace(ev, new_token_ids=[], logprobs=None, stop_reason=None, stop_token=False,
+                               finish_reason=None if ev.finish_reason is None else "length")
+
+
 class AsyncEngine:
-    def __init__(self, llm, *, max_pending: int | None = None, grammar_timeout_s: float | None = None):
+    def __init__(self, llm, *, max_pending: int | None = None, grammar_timeout_s: float | None = None,
+                 metrics: ServeMetrics | None = None):
         self.llm, self.tokenizer, self.info = llm, llm.tokenizer, llm.info
+        self.metrics = metrics or ServeMetrics(llm.config.model)
         self.client = llm.engine_client()
         self.max_pending = max_pending or 4 * llm.info.max_num_seqs
         self.grammar_timeout_s = grammar_timeout_s
@@ -125,18 +139,25 @@ class AsyncEngine:
         if self.num_pending + n > self.max_pending:
             raise Overloaded(f"{self.num_pending} requests are in flight (limit {self.max_pending}); retry later")
 
-    async def generate(self, prompt_token_ids: list[int], params: list, guided=None, prompt: str | None = None):
+    async def generate(self, prompt_token_ids: list[int], params: list, guided=None, prompt: str | None = None, *,
+                       echo_only: bool = False, skip_special_tokens: bool = True):
         """Async iterator of (TrackedRequest, StreamDelta), one TrackedRequest per choice; first
-        (None, None) once the engine accepted the request (a rejection raises its ValueError)."""
+        (None, None) once the engine accepted the request (a rejection raises its ValueError).
+        echo_only: the caller wants the prompt alone (echo with max_tokens 0; params ask for one
+        token): the token sampled is dropped, never delivered or counted, and the choice ends
+        with "length"."""
+        arrival_s = time.monotonic()
         self._admit(len(params))
         base = uuid.uuid4().hex
-        tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt)
+        tracked = [TrackedRequest(f"{base}-{i}", i, prompt_token_ids, p, self.tokenizer, prompt,
+                                  skip_special_tokens=skip_special_tokens)
                    for i, p in enumerate(params)]
         by_id = {t.req_id: t for t in tracked}
         queue: asyncio.Queue = asyncio.Queue()
         for rid in by_id:
             self._queues[rid] = queue
         self.num_pending += len(tracked)
+        clock = None
         try:
             self._submit(AddRequests(tuple(NewRequest(t.req_id, t.prompt_token_ids, t.params, guided, t.index,
                                                       grammar_timeout_s=self.grammar_timeout_s)
@@ -148,15 +169,28 @@ class AsyncEngine:
                 if isinstance(ev, Rejected):
                     raise ev.error
                 if isinstance(ev, Accepted):
+                    clock = self.metrics.request(len(prompt_token_ids), arrival_s)
                     yield None, None
                 if isinstance(ev, TokenUpdate):
-                    delta, abort = by_id[ev.req_id].apply(ev)
+                    if echo_only:
+                        ev = _without_tokens(ev)
+                    t = by_id[ev.req_id]
+                    was_running = not t.finished
+                    delta, abort = t.apply(ev)
                     if abort:
                         self._submit(Abort((ev.req_id,)))
                     if delta is not None:
-                        yield by_id[ev.req_id], delta
+                        clock.tokens(t.index, len(delta.new_token_ids), ev)
+                    if was_running and t.finished:
+                        clock.finished(t.index, t.finish_reason, ev)
+                    if delta is not None:
+                        yield t, delta
         finally:
             running = tuple(t.req_id for t in tracked if not t.finished)
+            if clock is not None:
+                for t in tracked:
+                    if not t.finished:
+                        clock.finished(t.index, "abort")
             if running and self.alive:
                 self._submit(Abort(running))
             for rid in by_id:
@@ -171,10 +205,12 @@ class AsyncEngine:
 
     async def report(self):
         """The engine's `Reported`: what it holds now (KV blocks, sampler slots, running and
-        waiting requests) and how many requests finished so far, by finish reason."""
+        waiting requests) and its counters since the last report (also added to `metrics`)."""
         if not self.alive:
             raise EngineStopped("the engine is not running")
         fut = self._loop.create_future()
         self._reports.append(fut)
         self._submit(Report())
-        return await fut
+        reported = await fut
+        self.metrics.observe_report(reported.stats, reported.resources)
+        return reported

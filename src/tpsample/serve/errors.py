@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from tpsample.serve.async_engine import EngineStopped, Overloaded
+from tpsample.serve.protocol import FIELD_NAMES
 
 log = logging.getLogger("tpsample.serve")
 
@@ -36,8 +37,13 @@ def error_response(status: int, message: str, **kw) -> JSONResponse:
 
 
 def _param_of(message: str) -> str | None:
-    m = re.search(r"SamplingParams\.(\w+)", message) or re.match(r"(\w+) must", message)
-    return m.group(1) if m else None
+    """The request field a ValueError's message is about: SamplingParams.<field>, or the field
+    name it starts with."""
+    m = re.search(r"SamplingParams\.(\w+)", message)
+    if m:
+        return m.group(1)
+    m = re.match(r"[A-Za-z_][\w.]*", message)
+    return m.group(0) if m and m.group(0).split(".")[0] in FIELD_NAMES else None
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -45,10 +51,16 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     e = errors[0]
+    ctx = e.get("ctx") or {}
     if e.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+        return f"the request body is not valid JSON: {ctx.get('error', e.get('msg'))}", None
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if "field" in ctx:                  # a model's own check, its message naming the field
+        return str(e.get("msg")), ".".join(loc + [ctx["field"]])
     param = ".".join(loc) or None
+    if e.get("type") == "extra_forbidden":
+        return (f"{param} is not a field of this endpoint: unknown fields are refused, not ignored "
+                "(docs/serving.md lists the fields)"), param
     return (f"{param}: {e.get('msg')}" if param else str(e.get("msg"))), param
 
 

@@ -5,7 +5,11 @@
    DNS-rebinding defence of a server on localhost.
 2. API key: with one configured, every path but /health needs `Authorization: Bearer <key>`
    (401, `code: "invalid_api_key"`); compared in constant time.
-3. Body: a Content-Length above `max_body_bytes` is a 413 before any byte is read; the body is
+3. Content type: every POST (each one a JSON endpoint) must say `Content-Type: application/json`
+   (or a `+json` type), else 415 (`code: "unsupported_media_type"`): the types a web page on
+   another site may send without a CORS preflight (text/plain, form data, multipart) never
+   reach an endpoint, so such a page cannot make the server generate.
+4. Body: a Content-Length above `max_body_bytes` is a 413 before any byte is read; the body is
    then read whole and counted as it arrives (a chunked body is a 413 once it crosses the limit),
    and must be complete within `timeout_body_s` (408, e.g. a Content-Length the body never reaches).
 The app then gets the whole body in one message, and the connection's later messages (the
@@ -60,6 +64,9 @@ class Guard:
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._key):
                 return 401, ("a valid API key is required: send the header Authorization: Bearer <key> "
                              "(the key the server was started with)"), "invalid_api_key"
+        if scope["method"] == "POST" and not is_json(headers.get("content-type")):
+            return 415, (f"the request body must be JSON, sent with Content-Type: application/json; got "
+                         f"{headers.get('content-type') or 'no Content-Type'}"), "unsupported_media_type"
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
             return 413, self._too_large(f"Content-Length {int(length):,}"), "request_too_large"
@@ -91,6 +98,15 @@ class Guard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
+
+
+def is_json(content_type: str | None) -> bool:
+    """application/json or a +json type, any parameters (charset) allowed. The types a web page may
+    send across sites without asking first (text/plain, forms, multipart) are not JSON."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _replay(body: bytes, receive):

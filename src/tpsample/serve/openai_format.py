@@ -1,151 +1,173 @@
-"""Engine outputs as OpenAI JSON: responses, stream chunks, logprobs, usage.
+"""Engine outputs as OpenAI JSON: responses, stream chunks, usage; and vLLM's token-in / token-out
+responses (`/inference/v1/generate`).
 
 Plain dicts, shaped as OpenAI's chat.completion / chat.completion.chunk / text_completion
-objects, plus vLLM's fields: `stop_reason` on every choice, and with `return_token_ids` the
-`token_ids` of each choice and the `prompt_token_ids`. Everything is strict JSON: a logprob
-that is not finite (-inf for a token a grammar forbids, NaN from NaN logits) is reported as
--9999.0, as OpenAI does.
+objects, plus vLLM's fields: `stop_reason` on every choice; with `return_token_ids` the
+`token_ids` of each choice and the `prompt_token_ids`; `prompt_logprobs` (chat: on the response,
+completions: on each choice); `echo` (the prompt, or chat's last assistant message, starts the
+answer; completions' logprobs then start with the prompt's); `stream_options.
+continuous_usage_stats` (usage in every chunk, the choice's tokens so far). The `id` is
+"chatcmpl-" / "cmpl-" and the request's `request_id` when it gave one.
 """
 from __future__ import annotations
 
-import functools
-import math
 import time
+import uuid
 
-from tpsample.engine.request import TokenLogprob
+from tpsample.serve.inputs import Prepared
+from tpsample.serve.logprobs_format import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    prompt_logprobs,
+    usage,
+)
 
-
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2 and its descendants) back to bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, extra = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-class TokenText:
-    """Token id -> (text, raw bytes) for logprobs, cached; exact bytes for byte-level BPE."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-        self._byte_level = decoder is not None and "ByteLevel" in type(decoder).__name__ + repr(decoder)
-        self._bytes_of = _gpt2_byte_decoder() if self._byte_level else None
-        self.get = functools.lru_cache(maxsize=65536)(self._get)
-
-    def _get(self, token_id: int) -> tuple[str, list[int]]:
-        text = self.tokenizer.decode([token_id])
-        if self._byte_level:
-            raw = self.tokenizer.convert_ids_to_tokens(token_id)
-            if raw is not None and all(ch in self._bytes_of for ch in raw):
-                return text, [self._bytes_of[ch] for ch in raw]
-        return text, list(text.encode("utf-8"))
-
-
-FLOOR_LOGPROB = -9999.0
-
-
-def finite(lp: float) -> float:
-    """A logprob JSON can carry: -inf and NaN become -9999.0."""
-    return lp if math.isfinite(lp) else FLOOR_LOGPROB
-
-
-def chat_logprobs(tt: TokenText, lps: list[TokenLogprob]) -> dict:
-    def entry(tid: int, lp: float) -> dict:
-        text, raw = tt.get(tid)
-        return {"token": text, "logprob": finite(lp), "bytes": raw}
-
-    return {"content": [{**entry(lp.token_id, lp.logprob),
-                         "top_logprobs": [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)]}
-                        for lp in lps]}
-
-
-def completion_logprobs(tt: TokenText, lps: list[TokenLogprob], offset: int) -> dict:
-    tokens, offsets = [], []
-    for lp in lps:
-        text = tt.get(lp.token_id)[0]
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [finite(lp.logprob) for lp in lps], "text_offset": offsets,
-            "top_logprobs": [{tt.get(t)[0]: finite(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)}
-                             for lp in lps]}
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+_OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion",) * 2}
 
 
 class Formatter:
     """Builds the JSON of one HTTP request (chat or completion)."""
 
-    def __init__(self, kind: str, model: str, tokenizer, *, return_token_ids: bool = False):
+    def __init__(self, kind: str, model: str, tokenizer, job: Prepared):
         assert kind in ("chat", "completion")
-        self.kind, self.model, self.return_token_ids = kind, model, return_token_ids
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + _uid()
+        req = job.req
+        self.kind, self.model, self.job = kind, model, job
+        self.return_token_ids = bool(req.return_token_ids)
+        stream_options = req.stream_options
+        self.continuous_usage = bool(stream_options and stream_options.continuous_usage_stats)
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (req.request_id or uuid.uuid4().hex[:24])
         self.created = int(time.time())
-        self.tt = TokenText(tokenizer)
+        self.tt = TokenText(tokenizer, as_ids=bool(req.return_tokens_as_token_ids))
         self._offsets: dict[int, int] = {}      # completion logprobs: characters streamed per choice
+        self._num_tokens: dict[int, int] = {}   # tokens streamed per choice
+        self._echoed: set[int] = set()
 
     def _head(self, chunk: bool) -> dict:
-        obj = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion",) * 2}
-        return {"id": self.id, "object": obj[self.kind][chunk], "created": self.created, "model": self.model}
+        return {"id": self.id, "object": _OBJECTS[self.kind][chunk], "created": self.created, "model": self.model}
 
-    def _logprobs(self, index: int, lps):
+    def _logprobs(self, index: int, lps, prompt_lps=None):
+        """The choice's logprobs object; completions with echo start with the prompt's."""
+        echo = None
+        if self.kind == "completion" and self.job.echo is not None and index not in self._echoed and prompt_lps:
+            echo = echo_logprobs(self.tt, self.job.prompt_ids, prompt_lps)
+            self._offsets[index] = len(self.job.echo)
         if lps is None:
-            return None
+            return echo
         if self.kind == "chat":
             return chat_logprobs(self.tt, lps)
         out = completion_logprobs(self.tt, lps, self._offsets.get(index, 0))
         self._offsets[index] = self._offsets.get(index, 0) + sum(len(t) for t in out["tokens"])
-        return out
+        return join_logprobs(echo, out)
 
-    def response(self, tracked: list, prompt_token_ids: list[int]) -> dict:
+    def _echo(self, index: int) -> str:
+        """The echo text, once per choice."""
+        if self.job.echo is None or index in self._echoed:
+            return ""
+        self._echoed.add(index)
+        return self.job.echo
+
+    def response(self, tracked: list) -> dict:
         choices = []
         for t in tracked:
             out = t.output()
-            choice = {"index": t.index, "logprobs": self._logprobs(t.index, out.logprobs),
+            choice = {"index": t.index, "logprobs": self._logprobs(t.index, out.logprobs, out.prompt_logprobs),
                       "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+            text = self._echo(t.index) + (out.text or "")
             if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": out.text}
+                choice["message"] = {"role": "assistant", "content": text}
             else:
-                choice["text"] = out.text
+                choice["text"] = text
+                if self.job.req.prompt_logprobs is not None or self.job.echo is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs(self.tt, tracked[0].prompt_logprobs)
             if self.return_token_ids:
                 choice["token_ids"] = out.output_token_ids
             choices.append(choice)
         body = {**self._head(False), "choices": choices,
-                "usage": usage(len(prompt_token_ids), sum(len(t.output_token_ids) for t in tracked))}
+                "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
+        if self.kind == "chat" and (self.job.req.prompt_logprobs is not None or self.job.echo is not None):
+            body["prompt_logprobs"] = prompt_logprobs(self.tt, tracked[0].prompt_logprobs)
         if self.return_token_ids:
-            body["prompt_token_ids"] = list(prompt_token_ids)
+            body["prompt_token_ids"] = list(self.job.prompt_ids)
         return body
 
-    def chunk(self, index: int, delta, logprobs=None) -> dict:
-        """One stream chunk for choice `index`; delta is a StreamDelta or, for chat, a dict."""
-        choice = {"index": index, "logprobs": logprobs, "finish_reason": None}
-        if isinstance(delta, dict):
-            choice["delta"] = delta
+    def opening(self, index: int) -> list[dict]:
+        """Chat's first chunks of a choice: its role, then the echoed message (if any)."""
+        if self.kind != "chat":
+            return []
+        chunks = [self._chunk(index, {"delta": {"role": "assistant", "content": ""}})]
+        echo = self._echo(index)
+        if echo:
+            chunks.append(self._chunk(index, {"delta": {"content": echo}}))
+        return chunks
+
+    def chunk(self, t, delta) -> dict | None:
+        """One stream chunk: choice `t` (a TrackedRequest) got `delta` (a StreamDelta); None when
+        there is nothing to say (text held back: a character split across tokens)."""
+        new = len(delta.new_token_ids)
+        lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
+        if not delta.text and not delta.finished and lps is None and not self.return_token_ids \
+                and not (self.kind == "completion" and self.job.echo and t.index not in self._echoed):
+            return None
+        choice = {"logprobs": self._logprobs(t.index, lps, t.prompt_logprobs)}
+        if self.kind == "chat":
+            choice["delta"] = {"content": delta.text} if delta.text or not delta.finished else {}
         else:
-            choice["logprobs"] = self._logprobs(index, logprobs)
-            if self.kind == "chat":
-                choice["delta"] = {"content": delta.text} if delta.text or not delta.finished else {}
-            else:
-                choice["text"] = delta.text
-            if delta.finished:
-                choice["finish_reason"], choice["stop_reason"] = delta.finish_reason, delta.stop_reason
-            if self.return_token_ids:
-                choice["token_ids"] = list(delta.new_token_ids)
-        return {**self._head(True), "choices": [choice]}
+            choice["text"] = self._echo(t.index) + delta.text
+        if delta.finished:
+            choice["finish_reason"], choice["stop_reason"] = delta.finish_reason, delta.stop_reason
+        if self.return_token_ids:
+            choice["token_ids"] = list(delta.new_token_ids)
+        return self._chunk(t.index, choice)
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**self._head(True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+    def _chunk(self, index: int, fields: dict) -> dict:
+        body = {**self._head(True), "choices": [{"index": index, "logprobs": None, "finish_reason": None, **fields}]}
+        if self.continuous_usage:
+            body["usage"] = usage(len(self.job.prompt_ids), self._num_tokens.get(index, 0))
+        return body
+
+    def usage_chunk(self, completion_tokens: int) -> dict:
+        return {**self._head(True), "choices": [], "usage": usage(len(self.job.prompt_ids), completion_tokens)}
 
 
-def _uid() -> str:
-    import uuid
+class GenerateFormatter:
+    """vLLM's /inference/v1/generate answers: token ids and logprobs ("token_id:<id>"), no text."""
 
-    return uuid.uuid4().hex[:24]
+    def __init__(self, tokenizer, job: Prepared, request_id: str):
+        self.job, self.request_id = job, request_id
+        self.tt = TokenText(tokenizer, as_ids=True)
+        self.text = TokenText(tokenizer)              # prompt_logprobs' decoded_token
+        self.continuous_usage = bool(job.req.stream_options and job.req.stream_options.continuous_usage_stats)
+        self._num_tokens: dict[int, int] = {}
+
+    def _choice(self, index: int, token_ids: list[int], lps, finish_reason: str | None) -> dict:
+        return {"index": index, "logprobs": chat_logprobs(self.tt, lps) if lps is not None else None,
+                "finish_reason": finish_reason, "token_ids": list(token_ids)}
+
+    def response(self, tracked: list) -> dict:
+        return {"request_id": self.request_id,
+                "choices": [self._choice(t.index, t.output_token_ids, t.logprobs, t.finish_reason) for t in tracked],
+                "prompt_logprobs": prompt_logprobs(self.text, tracked[0].prompt_logprobs), "kv_transfer_params": None,
+                "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
+
+    def opening(self, index: int) -> list[dict]:
+        return []
+
+    def chunk(self, t, delta) -> dict | None:
+        new = len(delta.new_token_ids)
+        if not new and not delta.finished:
+            return None
+        self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
+        lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        body = {"request_id": self.request_id,
+                "choices": [self._choice(t.index, delta.new_token_ids, lps, delta.finish_reason)]}
+        if self.continuous_usage:
+            body["usage"] = usage(len(self.job.prompt_ids), self._num_tokens[t.index])
+        return body
+
+    def usage_chunk(self, completion_tokens: int) -> dict:
+        return {"request_id": self.request_id, "choices": [],
+                "usage": usage(len(self.job.prompt_ids), completion_tokens)}

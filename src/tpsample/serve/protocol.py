@@ -1,201 +1,236 @@
-"""OpenAI request bodies, and their translation into engine inputs.
+"""Request bodies: OpenAI's chat and legacy completions, vLLM's extensions, and vLLM's tokenizer
+and token-in / token-out endpoints, as strict pydantic models.
 
-The fields are OpenAI's (chat completions and legacy completions) plus vLLM's sampling
-extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
-`stop_token_ids`, `include_stop_str_in_output`, `return_token_ids`). Unknown fields are ignored,
-as OpenAI-compatible servers do. Every bad value ends as a `ValueError` (the app answers 400
-with the field in `param`); nothing here touches the engine. Every integer that reaches the
-engine's int64 tables is range-checked here first (`check_ranges`), so no value can fail there.
+Every field a body may hold is either one of the models' fields, each applied (docs/serving.md
+says where), or refused with a 400 naming it: a field of OpenAI's or vLLM's that tpsample does
+not implement is refused by name with the reason (`REFUSED`, unless it holds its no-op value,
+e.g. `"tool_choice": "none"`), any other unknown field as unknown. JSON types are taken as they
+are ("7" is not an integer, 1 not a boolean). `null` means "left out": the server's default,
+which for sampling fields is the model's generation config, then OpenAI's.
+Nothing here touches the engine; `sampling.py` turns a model into engine inputs.
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-import tpsample
-from tpsample.engine.request import GuidedDecoding
+_TOOLS = "tools and function calling are not supported"
+_CHAT_TEMPLATE = "a request may not carry its own chat template (templates run code on the server)"
+# field -> (values that change nothing and are accepted, why any other value is refused)
+REFUSED: dict[str, tuple[tuple, str]] = {
+    "tools": ((None, []), _TOOLS), "tool_choice": ((None, "none"), _TOOLS), "functions": ((None, []), _TOOLS),
+    "function_call": ((None, "none"), _TOOLS), "parallel_tool_calls": ((None,), _TOOLS),
+    "suffix": ((None, ""), "suffix (insertion) is not supported"),
+    "chat_template": ((None,), _CHAT_TEMPLATE),
+    "documents": ((None, []), "documents (RAG chat templates) are not supported"),
+    "reasoning_effort": ((None,), "reasoning models' options are not supported"),
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "length_penalty": ((None, 1.0, 1), "length_penalty belongs to beam search, which is not supported"),
+    "logprob_token_ids": ((None,), "logprobs of given token ids are not supported; use top_logprobs"),
+    "logits_processors": ((None, []), "custom logits processors are not supported"),
+    "guided_json": ((None,), "use structured_outputs.json"), "guided_regex": ((None,), "use structured_outputs.regex"),
+    "guided_choice": ((None,), "use structured_outputs.choice"),
+    "guided_grammar": ((None,), "use structured_outputs.grammar"),
+    "cache_salt": ((None,), "there is no prefix cache to salt"),
+    "kv_transfer_params": ((None,), "disaggregated serving is not supported"),
+    "vllm_xargs": ((None,), "custom extensions are not supported"),
+    "extra_args": ((None,), "custom extensions are not supported"),
+    "mm_processor_kwargs": ((None,), "images and audio are not supported"),
+    "media_io_kwargs": ((None,), "images and audio are not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported"), "audio": ((None,), "audio is not supported"),
+    "prompt_embeds": ((None,), "prompt embeddings are not supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+}
 
-MAX_N = 16
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+class _Model(BaseModel):
+    """Strict JSON types, unknown fields refused, the fields of `REFUSED` refused with their reason."""
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data):
+        if isinstance(data, dict):
+            for name in data.keys() & REFUSED.keys():
+                noop, why = REFUSED[name]
+                if data[name] not in noop:
+                    raise field_error(name, f"{name} is not supported: {why}")
+            data = {k: v for k, v in data.items() if k not in REFUSED}
+        return data
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
+def field_error(field: str, message: str) -> PydanticCustomError:
+    """A validation error that names `field` (the server answers 400 with it as `param`)."""
+    return PydanticCustomError("field_error", message.replace("{", "{{").replace("}", "}}"), {"field": field})
 
 
-class JsonSchemaFormat(BaseModel):
+class StreamOptions(_Model):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False         # usage in every chunk (vLLM)
+
+
+class JsonSchemaFormat(_Model):
     name: str | None = None
+    description: str | None = None
     schema_: dict | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: bool | None = None                          # the schema is always enforced exactly
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(_Model):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Sampling(BaseModel):
-    """The fields both endpoints share."""
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+class StructuredOutputs(_Model):
+    """vLLM's structured outputs: exactly one of json, regex, choice, grammar (EBNF), json_object."""
+    json_: dict | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None          # True: compact JSON (the default here); False: any
+    disable_fallback: bool | None = None                # one backend (xgrammar): nothing to fall back to
+    disable_additional_properties: Literal[False] | None = None
+    whitespace_pattern: None = None
+    structural_tag: None = None
 
+
+class _Sampling(_Model):
+    """Fields chat and completions share (vLLM's names for its extensions)."""
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
-    user: str | None = None
-    # vLLM extensions
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
+    user: str | None = None                             # the caller's id for its own records: no effect
+    request_id: str | None = None                       # the response's id
+    priority: Literal[0] | None = None                  # no priority scheduling: 0 only
+    # vLLM's extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    return_token_ids: bool = False
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: Literal[True] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    prompt_logprobs: int | None = None
+    echo: bool | None = None
+    add_special_tokens: bool | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    structured_outputs: StructuredOutputs | None = None
+
+    @model_validator(mode="after")
+    def _check_streaming(self):
+        if self.stream_options is not None and not self.stream:
+            raise field_error("stream_options", "stream_options is only allowed with stream=true")
+        if self.stream and self.prompt_logprobs is not None:
+            raise field_error("prompt_logprobs", "prompt_logprobs is not available with stream=true (as in vLLM)")
+        return self
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    best_of: int | None = None                          # n, or left out
 
 
-def _in_range(value: int | None, name: str, lo: int, hi: int, hi_text: str | None = None) -> None:
-    if value is not None and not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi_text or hi}], got {value}")
+class TokenizeRequest(_Model):
+    """vLLM's /tokenize: `prompt` (text) or `messages` (the chat template applied)."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise field_error("prompt", "give exactly one of prompt and messages")
+        return self
 
 
-def check_ranges(req: _Sampling) -> None:
-    """Every integer field within what the engine stores (int64), before anything is built."""
-    _in_range(req.n, "n", 1, MAX_N)
-    for name in ("max_tokens", "max_completion_tokens"):
-        _in_range(getattr(req, name, None), name, 1, INT64_MAX, "2**63 - 1")
-    _in_range(req.min_tokens, "min_tokens", 0, INT64_MAX, "2**63 - 1")
-    _in_range(req.top_k, "top_k", -1, INT64_MAX, "2**63 - 1")
-    if req.seed is not None:            # choice i uses seed + i
-        _in_range(req.seed, "seed", INT64_MIN, INT64_MAX - (req.n - 1), f"2**63 - {req.n}")
-    for name in ("logprobs", "top_logprobs", "best_of"):
-        value = getattr(req, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            _in_range(value, name, 0, INT64_MAX, "2**63 - 1")
-    bad = [tid for tid in req.stop_token_ids or () if not 0 <= tid <= INT64_MAX]
-    if bad:
-        raise ValueError(f"stop_token_ids must be token ids in [0, 2**63 - 1], got {bad[0]}")
+class DetokenizeRequest(_Model):
+    model: str | None = None
+    tokens: list[int]
 
 
-def check_unsupported(req: _Sampling) -> None:
-    if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise ValueError("echo is not supported")
-        if req.suffix:
-            raise ValueError("suffix is not supported")
-        if req.best_of not in (None, 1) and req.best_of != req.n:
-            raise ValueError("best_of must equal n (or be left out)")
-    if not 1 <= req.n <= MAX_N:
-        raise ValueError(f"n must be in [1, {MAX_N}], got {req.n}")
+class GenerateSamplingParams(_Model):
+    """vLLM's SamplingParams as /inference/v1/generate takes them (its names and defaults)."""
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True                             # False: stop strings are refused (they need text)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: Literal[True] = True
+    include_stop_str_in_output: Literal[False] = False  # it changes text only, and there is no text here
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    truncate_prompt_tokens: int | None = None
 
 
-def _logprobs(req: _Sampling) -> int | None:
-    if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
-        return (req.top_logprobs or 0) if req.logprobs else None
-    return req.logprobs
+class GenerateRequest(_Model):
+    """vLLM's token-in / token-out request: token ids in, token ids and logprobs out."""
+    request_id: str | None = None
+    token_ids: list[int]
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    priority: Literal[0] | None = None
 
 
-def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    if bias is None:
-        return None
-    try:
-        out = {int(k): float(v) for k, v in bias.items()}
-    except ValueError:
-        raise ValueError("logit_bias keys must be token ids (strings of integers)") from None
-    bad = [tid for tid in out if not 0 <= tid <= INT64_MAX]
-    if bad:
-        raise ValueError(f"logit_bias must be keyed by token ids in [0, 2**63 - 1], got {bad[0]}")
-    return out
+def _field_names(*models) -> frozenset[str]:
+    names = set(REFUSED)
+    for model in models:
+        names |= {f.alias or name for name, f in model.model_fields.items()}
+    return frozenset(names)
 
 
-def max_tokens(req: _Sampling, prompt_len: int, max_model_len: int) -> int:
-    """The request's max_tokens; by default whatever the context leaves (as vLLM does)."""
-    room = max_model_len - prompt_len
-    if room < 1:
-        raise ValueError(f"the prompt has {prompt_len} tokens; this model's context is {max_model_len}")
-    name, wanted = "max_completion_tokens", getattr(req, "max_completion_tokens", None)
-    if wanted is None:                      # 0 is a value (a 400), not "left out"
-        name, wanted = "max_tokens", req.max_tokens
-    if wanted is None:
-        return room
-    if wanted < 1:
-        raise ValueError(f"{name} must be >= 1, got {wanted}")
-    if wanted > room:
-        raise ValueError(f"{name}={wanted} plus the prompt's {prompt_len} tokens exceed this model's "
-                         f"context of {max_model_len} tokens")
-    return wanted
-
-
-def sampling_params(req: _Sampling, num_max_tokens: int) -> list[tpsample.SamplingParams]:
-    """One SamplingParams per choice; with a seed and n > 1, choice i uses seed + i (as vLLM)."""
-    check_unsupported(req)
-    check_ranges(req)
-    base = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
-                min_tokens=req.min_tokens, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-                logprobs=_logprobs(req), max_tokens=num_max_tokens, stop=req.stop,
-                include_stop_str_in_output=req.include_stop_str_in_output)
-    return [tpsample.SamplingParams(**base, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
-
-
-def guided_decoding(req: _Sampling) -> GuidedDecoding | None:
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return GuidedDecoding(json_object=True)
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise ValueError("response_format json_schema needs json_schema.schema")
-    return GuidedDecoding(json_schema=fmt.json_schema.schema_)
-
-
-def chat_messages(messages: list[dict]) -> list[dict]:
-    """Messages with text content only (parts of type "text" joined)."""
-    if not messages:
-        raise ValueError("messages must not be empty")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str):
-            raise ValueError(f"messages[{i}] needs a role")
-        content = m.get("content")
-        if isinstance(content, list):
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise ValueError(f"messages[{i}]: only text content parts are supported")
-            bad = [j for j, p in enumerate(content) if not isinstance(p.get("text", ""), str)]
-            if bad:
-                raise ValueError(f"messages[{i}].content[{bad[0]}].text must be a string, got "
-                                 f"{type(content[bad[0]]['text']).__name__}")
-            content = "".join(p.get("text", "") for p in content)
-        elif content is not None and not isinstance(content, str):
-            raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
-        out.append({**m, "content": content or ""})
-    return out
+# every field name a request body may hold, refused ones included (errors name them as `param`)
+FIELD_NAMES = _field_names(ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest,
+                           GenerateRequest, GenerateSamplingParams, StreamOptions, StructuredOutputs)

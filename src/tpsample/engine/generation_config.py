@@ -1,0 +1,70 @@
+"""A checkpoint's generation_config.json: its stop tokens and its sampling defaults, read in one place.
+
+Contract
+- `read_generation_config(folder)`: the file's JSON object, {} when there is none; a file that is
+  not a JSON object is a ValueError naming the file, in one line.
+- `sampling_defaults(folder)`: the sampling fields vLLM takes from it (`SAMPLING_FIELDS`, with
+  `max_new_tokens` as `max_tokens`), each checked for type (a number; an integer where one is
+  needed), else a ValueError naming the file and the field. Front ends apply them only to the
+  fields a request leaves out.
+- `eos_token_ids(folder)`: its `eos_token_id` (an id or a list of them) as a tuple.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+import os
+
+FILE = "generation_config.json"
+# field -> (the SamplingParams / request name, integer or not), as vLLM's generation-config defaults
+SAMPLING_FIELDS = {"temperature": ("temperature", False), "top_p": ("top_p", False), "top_k": ("top_k", True),
+                   "min_p": ("min_p", False), "repetition_penalty": ("repetition_penalty", False),
+                   "max_new_tokens": ("max_tokens", True)}
+
+
+def read_generation_config(folder: str) -> dict:
+    """The folder's generation_config.json as a dict ({} without one); ValueError naming the file."""
+    path = os.path.join(folder, FILE)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:        # JSONDecodeError, UnicodeDecodeError, a directory
+        raise ValueError(f"{path} is not a readable JSON file: {str(e).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def check_sampling_defaults(values: dict, source: str) -> dict:
+    """`values` (generation-config names) as request defaults, each checked; ValueError naming `source`."""
+    out = {}
+    for key, value in values.items():
+        if key not in SAMPLING_FIELDS:
+            continue
+        name, integer = SAMPLING_FIELDS[key]
+        kind = numbers.Integral if integer else numbers.Real
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{source}: {key} must be {'an integer' if integer else 'a number'}, got {value!r}")
+        out[name] = value
+    return out
+
+
+def sampling_defaults(folder: str) -> dict:
+    """The sampling defaults the folder's generation_config.json sets (request field names)."""
+    return check_sampling_defaults(read_generation_config(folder), os.path.join(folder, FILE))
+
+
+def eos_token_ids(folder: str) -> tuple[int, ...]:
+    """The EOS ids generation_config.json names (config.json's are read by the model config)."""
+    eos = read_generation_config(folder).get("eos_token_id")
+    if eos is None:
+        return ()
+    ids = tuple(eos) if isinstance(eos, list) else (eos,)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"{os.path.join(folder, FILE)}: eos_token_id must be a token id or a list of them, "
+                         f"got {eos!r}")
+    return ids
