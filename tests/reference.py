@@ -67,12 +67,28 @@ def process_row(raw: list[float], p: SamplingParams, prompt: list[int], output: 
     return l
 
 
+def top_n_sigma_threshold(l: list[float], n_sigma: float, vocab: int) -> float:
+    """M - n * sigma, sigma from the values on the fixed-point grid of docs/semantics.md."""
+    fin = [v for v in l if math.isfinite(v)]
+    if n_sigma <= 0 or not fin:
+        return NEG
+    top, low = max(fin), min(fin)
+    bits = (62 - max(1, math.ceil(math.log2(vocab)))) // 2
+    scale = 2.0 ** (bits - math.frexp(top - low)[1])
+    q = [math.floor((top - v) * scale) for v in fin]
+    n, s1, s2 = len(q), sum(q), sum(x * x for x in q)
+    var = max(s2 / n - (s1 / n) ** 2, 0.0)
+    return top - n_sigma * math.sqrt(var) / scale
+
+
 def filter_row(l: list[float], p: SamplingParams) -> list[float]:
-    """Steps 6-9 for a sampled row: temperature, min-p, top-k, top-p (fp64 masses)."""
+    """Steps 6-9 for a sampled row: temperature, top-n-sigma, min-p, top-k, top-p (fp64 masses)."""
     l = [v / p.temperature for v in l]
     fin = [v for v in l if v > NEG]
     if not fin:
         return l
+    cut = top_n_sigma_threshold(l, p.top_n_sigma, len(l))
+    l = [v if v >= cut else NEG for v in l]
     if p.min_p > 0:
         cut = max(fin) + math.log(p.min_p)
         l = [v if v >= cut else NEG for v in l]

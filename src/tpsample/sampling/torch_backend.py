@@ -28,6 +28,7 @@ from .filters import min_p_threshold, top_k_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
+from .top_n_sigma import top_n_sigma_threshold
 from .topp import top_p_threshold
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
@@ -123,8 +124,11 @@ def note_memory(meter, f: Front) -> None:
 
 
 def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:
-    """min-p, top-k, top-p as one threshold per row (min-p and top-k commute: both keep a top set)."""
+    """min-p, top-n-sigma, top-k, top-p as one threshold per row (the first three are computed on
+    the same row and commute: each keeps a top set of it; top-p then walks the kept tokens)."""
     thr = torch.full((b.num_rows,), NEG_INF, device=l.device)
+    if b.sigma_any:
+        thr = top_n_sigma_threshold(l, b.top_n_sigma, red, b.vocab_size)
     cand = None
     if b.top_k_max > 0:
         thr_k, cand = top_k_threshold(l, b.top_k, b.top_k_max, red)

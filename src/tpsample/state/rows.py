@@ -48,7 +48,15 @@ class HostRows:
     num_logprobs: np.ndarray  # [n] int64 (-1 = none)
     processed: np.ndarray     # [n] bool
     has_draft: np.ndarray     # [n] bool
+    top_n_sigma: Optional[np.ndarray] = None    # [n] float32 (0 = off; None: every row off)
     memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
+
+    def uses(self, name: str) -> np.ndarray:
+        """[n] bool: the rows of sampled requests whose filter `name` (a float field, 0 = off) is on."""
+        values = getattr(self, name)
+        if values is None:
+            return np.zeros(len(self.temperature), dtype=bool)
+        return (values > 0) & (self.temperature > 0)
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,14 @@ class RowBatch:
         return bool((self.host.min_p > 0).any())
 
     @property
+    def top_n_sigma(self) -> torch.Tensor:    # [n] fp32 (0 = off)
+        return self.column("top_n_sigma")
+
+    @property
+    def sigma_any(self) -> bool:
+        return bool(self.host.uses("top_n_sigma").any())
+
+    @property
     def logprobs_max(self) -> int:
         return int(self.host.num_logprobs.max()) if self.num_rows else -1
 
@@ -190,7 +206,7 @@ def _static_part(store, view: RowsView, device: torch.device) -> dict:
     host = HostRows(temperature=hf[layout.f32["temperature"]], top_k=hi[layout.i64["top_k"]],
                     top_p=hf[layout.f32["top_p"]], min_p=hf[layout.f32["min_p"]],
                     num_logprobs=hi[layout.i64["num_logprobs"]], processed=processed,
-                    has_draft=view.draft_tokens >= 0)
+                    has_draft=view.draft_tokens >= 0, top_n_sigma=hf[layout.f32["top_n_sigma"]])
     k = len(names)
     return {"host": host, "want": want, "idx": dict(zip(names, dev[6:6 + k])),
             "idx_slots": dict(zip(names, dev[6 + k:])), "slots": dev[0], "offsets": dev[1], "draft": dev[2],

@@ -89,7 +89,8 @@ class RequestStore:
         i64 = np.array(layout.i64_fill, dtype=np.int64)
         greedy = p.temperature == 0
         core = {"temperature": p.temperature, "top_p": 1.0 if greedy else p.top_p,
-                "min_p": 0.0 if greedy else p.min_p, "seed": seed_to_int64(seed),
+                "min_p": 0.0 if greedy else p.min_p, "top_n_sigma": 0.0 if greedy else max(p.top_n_sigma, 0.0),
+                "seed": seed_to_int64(seed),
                 "top_k": 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k,
                 "prompt_len": len(prompt), "num_logprobs": -1 if p.logprobs is None else p.logprobs,
                 "processed": int(p.logprobs_mode == "processed")}
