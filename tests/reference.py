@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
-from tpsample.noise import SALT_DRAW, W_MAX, row_keys, seed_to_int64, uniform_bits
+from tpsample.noise import SALT_DRAW, SALT_XTC, W_MAX, row_keys, seed_to_int64, uniform01, uniform_bits
 from tpsample.params import SamplingParams
 
 NEG = float("-inf")
@@ -81,8 +82,25 @@ def top_n_sigma_threshold(l: list[float], n_sigma: float, vocab: int) -> float:
     return top - n_sigma * math.sqrt(var) / scale
 
 
-def filter_row(l: list[float], p: SamplingParams) -> list[float]:
-    """Steps 6-9 for a sampled row: temperature, top-n-sigma, min-p, top-k, top-p (fp64 masses)."""
+def xtc_row(l: list[float], p: SamplingParams, seed: int, pos: int) -> list[float]:
+    """XTC after top-p: when the (seed, pos) coin comes up and two or more kept tokens have
+    probability >= threshold, keep only values <= the smallest of theirs (fp64 probabilities)."""
+    if p.xtc_probability <= 0:
+        return l
+    u = uniform01(torch.tensor([seed_to_int64(seed)]), torch.tensor([pos]), SALT_XTC)[0].item()
+    m = max(l)
+    if not u < float(np.float32(p.xtc_probability)) or m == NEG:
+        return l
+    e = [math.exp(v - m) if v > NEG else 0.0 for v in l]
+    z = sum(e)
+    qual = [v for v, w in zip(l, e) if v > NEG and w / z >= float(np.float32(p.xtc_threshold))]
+    if len(qual) < 2:
+        return l
+    return [v if v <= min(qual) else NEG for v in l]
+
+
+def filter_row(l: list[float], p: SamplingParams, seed: int = 0, pos: int = 0) -> list[float]:
+    """Steps 6-9 for a sampled row: temperature, top-n-sigma, min-p, top-k, top-p (fp64 masses), XTC."""
     l = [v / p.temperature for v in l]
     fin = [v for v in l if v > NEG]
     if not fin:
@@ -112,7 +130,7 @@ def filter_row(l: list[float], p: SamplingParams) -> list[float]:
                 above += sum(e[order[t]] for t in range(i, j))
                 i = j
             l = [v if i in kept else NEG for i, v in enumerate(l)]
-    return l
+    return xtc_row(l, p, seed, pos)
 
 
 def log_softmax(l: list[float]) -> list[float]:
@@ -145,7 +163,7 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         proc, tok = l, argmax_first(l)
         best = l[tok] if tok >= 0 else NEG
     else:
-        proc = filter_row(l, p)
+        proc = filter_row(l, p, seed, pos)
         g = gumbel64(seed, pos, V)
         z = [v + g[i] if v > NEG else NEG for i, v in enumerate(proc)]
         tok = argmax_first(z)

@@ -31,7 +31,8 @@ Ranges, and why (the sampler computes in fp32):
   (0 = off), `dry_base` in [1, 100] (llama.cpp ignores a base below 1), `dry_allowed_length` in
   [0, 2**31), `dry_penalty_last_n` -1 (the whole context), 0 (off) or in [1, 2**31),
   `dry_sequence_breakers` at most 65536 sequences of 1 to 21 token ids (a head and llama.cpp's
-  longest tail, 20); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off).
+  longest tail, 20); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
+  `xtc_probability` in [0, 1] (probability 0 = off).
 Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
 (100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
 argmax, flagged) applies.
@@ -109,6 +110,8 @@ class SamplingParams:
     dry_penalty_last_n: int = -1                # -1: the whole context (prompt + outputs); 0: off
     dry_sequence_breakers: Optional[tuple[tuple[int, ...], ...]] = None   # token id sequences (head, tail)
     top_n_sigma: float = -1.0                   # <= 0 = off
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0                # 0 = off
 
     def __post_init__(self) -> None:
         # Construction-time normalisation of the instance being built (numpy scalars -> Python
@@ -150,7 +153,7 @@ class SamplingParams:
         }
 
     def _checked_samplers(self) -> dict:
-        """DRY and top-n-sigma (llama.cpp's ranges, see the module docstring)."""
+        """DRY, top-n-sigma and XTC (llama.cpp's ranges, see the module docstring)."""
         last_n = _int(self.dry_penalty_last_n, "dry_penalty_last_n", -1,
                       "-1 (the whole context), 0 (off) or an integer in [1, 2**31)", MAX_TOKEN_ID)
         return {
@@ -160,6 +163,8 @@ class SamplingParams:
                                        "an integer in [0, 2**31)", MAX_TOKEN_ID),
             "dry_penalty_last_n": last_n,
             "top_n_sigma": _real(self.top_n_sigma, "top_n_sigma", -1e6, 1e6, "in [-1e6, 1e6] (<= 0 = off)"),
+            "xtc_threshold": _real(self.xtc_threshold, "xtc_threshold", 0.0, 1.0, "in [0, 1]"),
+            "xtc_probability": _real(self.xtc_probability, "xtc_probability", 0.0, 1.0, "in [0, 1] (0 = off)"),
         }
 
     def _checked_containers(self) -> dict:

@@ -19,7 +19,7 @@ replay about forty. Three ways, one policy:
   and replays that over each new buffer.
 
 What may be recorded (`check_capturable`, a `ValueError` naming the cause): no drafts, no
-grammar mask, no processed logprobs, no top-n-sigma (rows the torch backend samples), no
+grammar mask, no processed logprobs, no top-n-sigma or XTC (rows the torch backend samples), no
 request still below its min_tokens, and at TP > 1 an NCCL group. Each replay first runs `ReplayGuard` on the host (no device read): the plan went
 stale (a request left or its slot was reused), the reserved history would overflow, or a table
 the recording reads was reallocated -> `ValueError` (capture again; `AutoGraph` then samples
@@ -58,10 +58,11 @@ def check_capturable(sampler, plan) -> None:
         names = [plan.req_ids[i] for i in proc[:3]]
         raise ValueError(f"capture supports raw logprobs only: requests {names} ask for processed logprobs "
                          "(logprobs_mode='processed'); sample them eagerly")
-    sigma = np.flatnonzero(store.f32.host[store.layout.f32["top_n_sigma"], plan.slots] > 0)
-    if len(sigma):
-        raise ValueError(f"capture does not support top_n_sigma (requests {[plan.req_ids[i] for i in sigma[:3]]}); "
-                         "sample them eagerly")
+    for name in ("top_n_sigma", "xtc_probability"):
+        uses = np.flatnonzero(store.f32.host[store.layout.f32[name], plan.slots] > 0)
+        if len(uses):
+            raise ValueError(f"capture does not support {name} (requests {[plan.req_ids[i] for i in uses[:3]]}); "
+                             "sample them eagerly")
     # min_tokens bans are chosen on the host per step; once met (each step emits >= 1 token) they
     # never apply again, so only a request still below its min_tokens is refused
     stops = np.flatnonzero(MinTokens.pending(store, plan.slots))

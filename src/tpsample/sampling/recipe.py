@@ -10,11 +10,11 @@
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, top-n-sigma) are sampled
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, top-n-sigma, XTC) are sampled
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
-  without drafts or top-n-sigma;
+  without drafts, top-n-sigma or XTC;
 - `torch_backend.TORCH`: torch ops on full rows or a shard (through the reducer): every other
   case, and the reference the other two are tested against.
 Every backend gives the same tokens for the same rows. Backends only run their steps and
@@ -99,18 +99,18 @@ def _backend(a: SampleArgs):
     full = isinstance(a.red, LocalRows)
     if full and kernels_apply(a.x):
         return None if len(_slow_rows(a.batch.host)) or a.draft_probs is not None else KERNELS
-    if not full and not (a.batch.drafts_any or a.draft_probs is not None or a.batch.sigma_any):
+    if not full and not (a.batch.drafts_any or a.draft_probs is not None or a.batch.torch_filters_any):
         return ROUNDS
     return TORCH
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs, top-n-sigma
+    """Rows the kernels do not finish: draft verification, processed logprobs, top-n-sigma, XTC
     (found once per set of rows)."""
     got = host.memo.get("slow")
     if got is None:
         got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed)
-                                                 | host.uses("top_n_sigma"))
+                                                 | host.uses("top_n_sigma") | host.uses("xtc_probability"))
     return got
 
 

@@ -30,6 +30,7 @@ from .reducer import combine_pairs
 from .rejection import verify_drafts
 from .top_n_sigma import top_n_sigma_threshold
 from .topp import top_p_threshold
+from .xtc import xtc_upper_bound
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
@@ -59,8 +60,12 @@ class TorchSteps:
             return
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, a.red)                                    # 7-9
+        upper = xtc_upper_bound(l, thr, b, a.red) if b.xtc_any else None  # 9: XTC
         for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
-            l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
+            drop = l[s:t] < thr[s:t].unsqueeze(1)
+            if upper is not None:
+                drop |= l[s:t] > upper[s:t].unsqueeze(1)
+            l[s:t].masked_fill_(drop, NEG_INF)
         none = torch.full_like(thr, NEG_INF)
         st.drawn = local_gumbel_draw(l, none, b.seeds, b.positions, a.col_start)          # 10
 

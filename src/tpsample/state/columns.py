@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # name -> the value a slot holds when its request does not set it
-CORE_F32 = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "top_n_sigma": 0.0}
+CORE_F32 = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "top_n_sigma": 0.0, "xtc_threshold": 0.1,
+            "xtc_probability": 0.0}
 CORE_I64 = {"seed": 0, "top_k": 0, "prompt_len": 0, "num_logprobs": -1, "processed": 0, "flags": 0}
 
 

@@ -48,7 +48,8 @@ class HostRows:
     num_logprobs: np.ndarray  # [n] int64 (-1 = none)
     processed: np.ndarray     # [n] bool
     has_draft: np.ndarray     # [n] bool
-    top_n_sigma: Optional[np.ndarray] = None    # [n] float32 (0 = off; None: every row off)
+    top_n_sigma: Optional[np.ndarray] = None      # [n] float32 (0 = off; None: every row off)
+    xtc_probability: Optional[np.ndarray] = None  # [n] float32 (0 = off; None: every row off)
     memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
 
     def uses(self, name: str) -> np.ndarray:
@@ -164,6 +165,15 @@ class RowBatch:
         return bool(self.host.uses("top_n_sigma").any())
 
     @property
+    def xtc_any(self) -> bool:
+        return bool(self.host.uses("xtc_probability").any())
+
+    @property
+    def torch_filters_any(self) -> bool:
+        """Some row uses a filter only the torch backend applies (top-n-sigma, XTC)."""
+        return self.sigma_any or self.xtc_any
+
+    @property
     def logprobs_max(self) -> int:
         return int(self.host.num_logprobs.max()) if self.num_rows else -1
 
@@ -206,7 +216,8 @@ def _static_part(store, view: RowsView, device: torch.device) -> dict:
     host = HostRows(temperature=hf[layout.f32["temperature"]], top_k=hi[layout.i64["top_k"]],
                     top_p=hf[layout.f32["top_p"]], min_p=hf[layout.f32["min_p"]],
                     num_logprobs=hi[layout.i64["num_logprobs"]], processed=processed,
-                    has_draft=view.draft_tokens >= 0, top_n_sigma=hf[layout.f32["top_n_sigma"]])
+                    has_draft=view.draft_tokens >= 0, top_n_sigma=hf[layout.f32["top_n_sigma"]],
+                    xtc_probability=hf[layout.f32["xtc_probability"]])
     k = len(names)
     return {"host": host, "want": want, "idx": dict(zip(names, dev[6:6 + k])),
             "idx_slots": dict(zip(names, dev[6 + k:])), "slots": dev[0], "offsets": dev[1], "draft": dev[2],

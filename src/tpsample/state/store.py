@@ -90,6 +90,7 @@ class RequestStore:
         greedy = p.temperature == 0
         core = {"temperature": p.temperature, "top_p": 1.0 if greedy else p.top_p,
                 "min_p": 0.0 if greedy else p.min_p, "top_n_sigma": 0.0 if greedy else max(p.top_n_sigma, 0.0),
+                "xtc_threshold": p.xtc_threshold, "xtc_probability": 0.0 if greedy else p.xtc_probability,
                 "seed": seed_to_int64(seed),
                 "top_k": 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k,
                 "prompt_len": len(prompt), "num_logprobs": -1 if p.logprobs is None else p.logprobs,
