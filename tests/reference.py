@@ -143,8 +143,9 @@ def log_softmax(l: list[float]) -> list[float]:
     return [v - z if v > NEG else NEG for v in l]
 
 
-def logprob_entry(l: list[float], token: int, n: int) -> tuple[list[int], list[float], int]:
-    lp = log_softmax(l)
+def logprob_entry(l: list[float], token: int, n: int, logits: bool = False) -> tuple[list[int], list[float], int]:
+    """(ids, values, rank) of the token and the top-n: log-softmax values, or the row's own (logits)."""
+    lp = list(l) if logits else log_softmax(l)
     rank = 1 + sum(1 for v in lp if v > lp[token])
     order = sorted(range(len(l)), key=lambda i: (-lp[i], i))[:n]
     return [token] + order, [lp[token]] + [lp[i] for i in order], rank
@@ -177,9 +178,31 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         accepted, emitted = _verify(draft, tok)
     res = {"token": emitted, "accepted": accepted, "fallback": fallback, "nans": nans}
     if p.logprobs is not None:
-        base = proc if p.logprobs_mode == "processed" else masked
-        res["logprobs"] = logprob_entry(base, emitted, p.logprobs)
+        res["logprobs"] = logprob_entry(logprob_row(p, masked, proc), emitted, p.logprobs,
+                                        p.logprobs_mode.endswith("_logits"))
+    if p.kept_support is not None:
+        res["support"] = support_entry(proc, tok, fallback, p)
     return res
+
+
+def logprob_row(p: SamplingParams, masked: list[float], proc: list[float]) -> list[float]:
+    """The row a logprobs_mode reads: processed (after step 9; greedy: after 5), raw (after the
+    grammar mask), or raw / T for temperature_logprobs (greedy: T = 1)."""
+    if p.logprobs_mode in ("processed", "processed_logprobs", "processed_logits"):
+        return proc
+    if p.logprobs_mode == "temperature_logprobs" and p.temperature > 0:
+        return [v / p.temperature for v in masked]
+    return masked
+
+
+def support_entry(proc: list[float], token: int, fallback: bool, p: SamplingParams) -> tuple[list[int], int]:
+    """(the cap most probable kept ids, ties -> lower id; how many were kept): a sampled row keeps
+    the finite entries of its processed row, a greedy row its token."""
+    if p.temperature == 0:
+        kept = [] if fallback else [token]
+    else:
+        kept = sorted((i for i, v in enumerate(proc) if v > NEG), key=lambda i: (-proc[i], i))
+    return kept[: p.kept_support], len(kept)
 
 
 def _verify(draft: int, main: int) -> tuple[bool, int]:

@@ -33,6 +33,8 @@ Ranges, and why (the sampler computes in fp32):
   `dry_sequence_breakers` at most 65536 sequences of 1 to 21 token ids (a head and llama.cpp's
   longest tail, 20); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
   `xtc_probability` in [0, 1] (probability 0 = off).
+- `kept_support`: None, or how many kept token ids (most probable first) each sampled row
+  returns with its kept support, in [0, 65536].
 Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
 (100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
 argmax, flagged) applies.
@@ -63,7 +65,13 @@ REPETITION_PENALTY_RANGE = (fp32(0.01), 100.0)
 PENALTY_BOUND = 2.0             # |frequency_penalty|, |presence_penalty|
 MAX_STOP_STRINGS = 16           # stop strings per request
 MAX_STOP_STRING_LEN = 256       # characters per stop string
-LOGPROBS_MODES = ("raw", "processed")
+# vLLM's names, the short names ("raw" = "raw_logprobs", "processed" = "processed_logprobs") and
+# "temperature_logprobs": the log-softmax of the raw row divided by the temperature (what an RL
+# trainer computes from the same logits), nothing else applied
+LOGPROBS_MODES = ("raw", "processed", "raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits",
+                  "temperature_logprobs")
+PROCESSED_MODES = ("processed", "processed_logprobs", "processed_logits")
+LOGIT_MODES = ("raw_logits", "processed_logits")
 MAX_DRY_BREAKERS = 1 << 16      # sequences
 MAX_DRY_BREAKER_LEN = 21        # tokens: a head and llama.cpp's longest tail (20)
 MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is a full sort
@@ -112,6 +120,7 @@ class SamplingParams:
     top_n_sigma: float = -1.0                   # <= 0 = off
     xtc_threshold: float = 0.1
     xtc_probability: float = 0.0                # 0 = off
+    kept_support: Optional[int] = None          # RL: each sampled row's kept support, with up to this many ids
 
     def __post_init__(self) -> None:
         # Construction-time normalisation of the instance being built (numpy scalars -> Python
@@ -153,7 +162,7 @@ class SamplingParams:
         }
 
     def _checked_samplers(self) -> dict:
-        """DRY, top-n-sigma and XTC (llama.cpp's ranges, see the module docstring)."""
+        """DRY, top-n-sigma, XTC (llama.cpp's ranges) and the kept support (module docstring)."""
         last_n = _int(self.dry_penalty_last_n, "dry_penalty_last_n", -1,
                       "-1 (the whole context), 0 (off) or an integer in [1, 2**31)", MAX_TOKEN_ID)
         return {
@@ -165,6 +174,8 @@ class SamplingParams:
             "top_n_sigma": _real(self.top_n_sigma, "top_n_sigma", -1e6, 1e6, "in [-1e6, 1e6] (<= 0 = off)"),
             "xtc_threshold": _real(self.xtc_threshold, "xtc_threshold", 0.0, 1.0, "in [0, 1]"),
             "xtc_probability": _real(self.xtc_probability, "xtc_probability", 0.0, 1.0, "in [0, 1] (0 = off)"),
+            "kept_support": None if self.kept_support is None else _int(
+                self.kept_support, "kept_support", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
         }
 
     def _checked_containers(self) -> dict:

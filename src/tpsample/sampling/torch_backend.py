@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
+from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
@@ -28,6 +29,7 @@ from .filters import min_p_threshold, top_k_threshold
 from .logprobs import row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
+from .support import kept_support
 from .top_n_sigma import top_n_sigma_threshold
 from .topp import top_p_threshold
 from .xtc import xtc_upper_bound
@@ -44,6 +46,7 @@ class _Step:
     def __init__(self, a, f: Front):
         self.a, self.f = a, f
         self.drawn = None                   # local (max, id) of l + noise over the kept entries
+        self.bounds = None                  # (threshold, upper) of the kept values, once drawn
 
 
 class TorchSteps:
@@ -61,6 +64,7 @@ class TorchSteps:
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, a.red)                                    # 7-9
         upper = xtc_upper_bound(l, thr, b, a.red) if b.xtc_any else None  # 9: XTC
+        st.bounds = (thr, upper if upper is not None else torch.full_like(thr, float("inf")))
         for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
             drop = l[s:t] < thr[s:t].unsqueeze(1)
             if upper is not None:
@@ -89,6 +93,10 @@ class TorchSteps:
     def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:
         a = st.a
         return _logprobs(emitted, st.f.l, st.f.raw, a.batch, a.col_start, a.red)     # 11
+
+    def support(self, st: _Step, emitted: torch.Tensor) -> tuple:
+        a = st.a
+        return kept_support(st.f.l, st.bounds, emitted, a.batch, a.col_start, a.red)
 
 
 TORCH = TorchSteps()
@@ -164,8 +172,16 @@ def _logprobs(emitted: torch.Tensor, l: torch.Tensor, raw, b: RowBatch, col_star
         parts.append((raw[0], raw[1]))
     if b.lp_proc_rows is not None:
         parts.append((b.lp_proc_rows, l.index_select(0, b.lp_proc_rows)))
+    kind = b.column("lp_kind").to(l.device) if b.host.beyond_logprobs().any() else None
     for rows, block in parts:
-        i, v, r = row_logprobs(block, emitted[rows], n, col_start, red)
+        as_logits = None
+        if kind is not None:        # temperature_logprobs: the raw row / T (greedy: T = 1); *_logits: values
+            k = kind.index_select(0, rows)
+            t = b.temperature.to(l.device).index_select(0, rows)
+            scale = torch.where((k == LP_TEMPERATURE) & (t > 0), t, torch.ones_like(t))
+            block = block / scale.unsqueeze(1)
+            as_logits = k == LP_LOGITS
+        i, v, r = row_logprobs(block, emitted[rows], n, col_start, red, as_logits)
         ids[rows], vals[rows], ranks[rows] = i, v, r
     # rows asking fewer than n top entries: blank the extra columns
     per_row = b.num_logprobs.to(l.device).clamp(min=0)

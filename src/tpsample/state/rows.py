@@ -50,7 +50,18 @@ class HostRows:
     has_draft: np.ndarray     # [n] bool
     top_n_sigma: Optional[np.ndarray] = None      # [n] float32 (0 = off; None: every row off)
     xtc_probability: Optional[np.ndarray] = None  # [n] float32 (0 = off; None: every row off)
+    lp_kind: Optional[np.ndarray] = None          # [n] int64 (columns.LP_*; None: every row LP_LOGPROBS)
+    kept_cap: Optional[np.ndarray] = None         # [n] int64 (-1: no kept support; None: none for every row)
     memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
+
+    def beyond_logprobs(self) -> np.ndarray:
+        """[n] bool: rows asking for logprob values other than the log-softmax, or a kept support."""
+        out = np.zeros(len(self.temperature), dtype=bool)
+        if self.lp_kind is not None:
+            out |= (self.lp_kind != 0) & (self.num_logprobs >= 0)
+        if self.kept_cap is not None:
+            out |= self.kept_cap >= 0
+        return out
 
     def uses(self, name: str) -> np.ndarray:
         """[n] bool: the rows of sampled requests whose filter `name` (a float field, 0 = off) is on."""
@@ -169,9 +180,16 @@ class RowBatch:
         return bool(self.host.uses("xtc_probability").any())
 
     @property
-    def torch_filters_any(self) -> bool:
-        """Some row uses a filter only the torch backend applies (top-n-sigma, XTC)."""
-        return self.sigma_any or self.xtc_any
+    def torch_only_any(self) -> bool:
+        """Some row uses what only the torch backend computes: top-n-sigma, XTC, logprob values
+        other than the log-softmax, a kept support."""
+        return self.sigma_any or self.xtc_any or bool(self.host.beyond_logprobs().any())
+
+    @property
+    def kept_cap_max(self) -> int:
+        """The largest kept-support cap of the rows (-1: no row asks for one)."""
+        h = self.host.kept_cap
+        return int(h.max()) if h is not None and self.num_rows else -1
 
     @property
     def logprobs_max(self) -> int:
@@ -217,7 +235,8 @@ def _static_part(store, view: RowsView, device: torch.device) -> dict:
                     top_p=hf[layout.f32["top_p"]], min_p=hf[layout.f32["min_p"]],
                     num_logprobs=hi[layout.i64["num_logprobs"]], processed=processed,
                     has_draft=view.draft_tokens >= 0, top_n_sigma=hf[layout.f32["top_n_sigma"]],
-                    xtc_probability=hf[layout.f32["xtc_probability"]])
+                    xtc_probability=hf[layout.f32["xtc_probability"]], lp_kind=hi[layout.i64["lp_kind"]],
+                    kept_cap=hi[layout.i64["kept_cap"]])
     k = len(names)
     return {"host": host, "want": want, "idx": dict(zip(names, dev[6:6 + k])),
             "idx_slots": dict(zip(names, dev[6 + k:])), "slots": dev[0], "offsets": dev[1], "draft": dev[2],

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from ..noise import seed_to_int64
-from ..params import SamplingParams
-from .columns import Layout
+from ..params import LOGIT_MODES, PROCESSED_MODES, SamplingParams
+from .columns import LP_LOGITS, LP_LOGPROBS, LP_TEMPERATURE, Layout
 from .digest import request_digests, request_print
 from .history import History
 from .rows import RowBatch, build_row_batch
@@ -94,7 +94,8 @@ class RequestStore:
                 "seed": seed_to_int64(seed),
                 "top_k": 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k,
                 "prompt_len": len(prompt), "num_logprobs": -1 if p.logprobs is None else p.logprobs,
-                "processed": int(p.logprobs_mode == "processed")}
+                "processed": int(p.logprobs_mode in PROCESSED_MODES), "lp_kind": lp_kind(p.logprobs_mode),
+                "kept_cap": -1 if p.kept_support is None else p.kept_support}
         stage, flags = {}, 0
         for proc in self.processors:
             got = proc.stage(p, prompt, self.vocab_size, self.eos_token_id)
@@ -163,6 +164,11 @@ class RequestStore:
         layout = self.layout
         self.history.append(slots, tokens, num_sampled, kernel,
                             (self.i64.device_row(layout.i64["flags"]), layout.bits.get("penalties", 0)))
+
+
+def lp_kind(mode: str) -> int:
+    """The lp_kind column of a logprobs_mode (the processed column says which row)."""
+    return LP_LOGITS if mode in LOGIT_MODES else LP_TEMPERATURE if mode == "temperature_logprobs" else LP_LOGPROBS
 
 
 def derive_seed(base_seed: int, req_id: str, serial: int) -> int:

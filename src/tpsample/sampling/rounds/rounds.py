@@ -98,6 +98,11 @@ class ShardRounds:
                              mass_shift(b.vocab_size))
 
 
+    def support(self, st: _Step, emitted: torch.Tensor):
+        """No kept support here: a batch asking for one is the torch backend's (`recipe._backend`)."""
+        return None
+
+
 ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)
 
 
