@@ -216,16 +216,17 @@ def _fields(p: SP) -> dict:
 @pytest.mark.parametrize("field,value", [("dry_multiplier", -0.1), ("dry_multiplier", 101.0), ("dry_base", 0.99),
                                          ("dry_allowed_length", -1), ("dry_penalty_last_n", -2),
                                          ("dry_sequence_breakers", [[]]), ("dry_sequence_breakers", [list(range(22))]),
-                                         ("dry_sequence_breakers", ["\n"])])
+                                         ("dry_sequence_breakers", [""]), ("dry_sequence_breakers", ["x" * 41])])
 def test_bad_dry_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field} must be"):
         SP(**{field: value})
 
 
-def test_breaker_ids_outside_the_vocabulary_are_refused_when_added():
+@pytest.mark.parametrize("breakers", [[[1, V]], ["\n"]])
+def test_breaker_ids_outside_the_vocabulary_and_strings_are_refused_by_the_sampler(breakers):
     sampler = tpsample.Sampler(V)
     with pytest.raises(ValueError, match="dry_sequence_breakers"):
-        sampler.add_request("a", SP(dry_multiplier=1.0, dry_sequence_breakers=[[1, V]]), [1])
+        sampler.add_request("a", SP(dry_multiplier=1.0, dry_sequence_breakers=breakers), [1])
 
 
 def test_ops_apply_dry_matches_the_reference_on_full_rows_and_shards():

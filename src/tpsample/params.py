@@ -31,7 +31,8 @@ Ranges, and why (the sampler computes in fp32):
   (0 = off), `dry_base` in [1, 100] (llama.cpp ignores a base below 1), `dry_allowed_length` in
   [0, 2**31), `dry_penalty_last_n` -1 (the whole context), 0 (off) or in [1, 2**31),
   `dry_sequence_breakers` at most 65536 sequences of 1 to 21 token ids (a head and llama.cpp's
-  longest tail, 20); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
+  longest tail, 20) or strings of 1 to 40 characters (llama.cpp's longest), which only the text
+  front ends take (they map them with the tokenizer); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
   `xtc_probability` in [0, 1] (probability 0 = off).
 - `kept_support`: None, or how many kept token ids (most probable first) each sampled row
   returns with its kept support, in [0, 65536].
@@ -116,7 +117,7 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1                # -1: the whole context (prompt + outputs); 0: off
-    dry_sequence_breakers: Optional[tuple[tuple[int, ...], ...]] = None   # token id sequences (head, tail)
+    dry_sequence_breakers: Optional[tuple] = None     # token id sequences (head, tail...); strings: front ends
     top_n_sigma: float = -1.0                   # <= 0 = off
     xtc_threshold: float = 0.1
     xtc_probability: float = 0.0                # 0 = off
@@ -225,6 +226,8 @@ class SamplingParams:
         for w in self.bad_words_token_ids or ():
             in_vocab(w, "bad_words_token_ids")
         for w in self.dry_sequence_breakers or ():
+            check(not isinstance(w, str), "dry_sequence_breakers", "token id sequences for the sampler (strings are "
+                  "mapped to token ids by LLM, tpsample generate and the server, which hold the tokenizer)", w)
             in_vocab(w, "dry_sequence_breakers")
         if self.logprobs is not None:
             check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}", self.logprobs)
@@ -261,13 +264,19 @@ def _frozen_bad_words(words) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def _frozen_breakers(breakers) -> tuple[tuple[int, ...], ...]:
-    """DRY sequence breakers as token id sequences (a bare id is a one-token sequence)."""
-    allowed = f"a list of at most {MAX_DRY_BREAKERS} token ids or sequences of 1 to {MAX_DRY_BREAKER_LEN} token ids"
+def _frozen_breakers(breakers) -> tuple:
+    """DRY sequence breakers: token id sequences (a bare id is a one-token sequence), or strings
+    of 1 to 40 characters that the text front ends map to token ids (`engine.breakers`)."""
+    allowed = (f"a list of at most {MAX_DRY_BREAKERS} token ids, sequences of 1 to {MAX_DRY_BREAKER_LEN} token "
+               "ids, or strings of 1 to 40 characters (mapped by the text front ends)")
     check(isinstance(breakers, (list, tuple)) and len(breakers) <= MAX_DRY_BREAKERS, "dry_sequence_breakers",
           allowed, breakers if not isinstance(breakers, (list, tuple)) else f"{len(breakers)} entries")
     out = []
     for w in breakers:
+        if isinstance(w, str):
+            check(1 <= len(w) <= 40, "dry_sequence_breakers", allowed, w)
+            out.append(w)
+            continue
         w = w if isinstance(w, (list, tuple)) else [w]
         check(1 <= len(w) <= MAX_DRY_BREAKER_LEN, "dry_sequence_breakers", allowed, w)
         out.append(token_ids(w, "dry_sequence_breakers", allowed))

@@ -77,6 +77,7 @@ class TokenUpdate:
     stop_reason: int | None = None          # the stop token id that finished it
     stop_token: bool = False                # the last new token is the EOS / stop token that finished it
     num_nan_logits: int = 0                 # NaN values in the request's logits rows so far
+    kept_support: list | None = None        # TokenSupport per new token, when the request asked
 
 
 @dataclass(frozen=True)
@@ -161,13 +162,15 @@ class EngineCore:
         updates = []
         for req, new in self.engine.step():
             lps = req.logprobs[len(req.logprobs) - len(new):] if req.logprobs is not None and new else None
+            ks = req.kept_support[len(req.kept_support) - len(new):] if req.kept_support is not None and new else None
             done = req.finish_reason is not None
             if done:
                 del self.live[req.req_id]
                 self.finished[req.finish_reason] = self.finished.get(req.finish_reason, 0) + 1
             updates.append(TokenUpdate(
                 req.req_id, list(new), lps, req.finish_reason, req.stop_reason,
-                stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits))
+                stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits,
+                kept_support=ks))
         return updates
 
     def run_once(self, commands: list) -> list:

@@ -55,6 +55,16 @@ class TokenLogprob:
     top_logprobs: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class TokenSupport:
+    """The kept support of the row an output token was sampled from (`SamplingParams.kept_support`):
+    how many tokens it kept, their value bounds after the temperature, the most probable ids."""
+    count: int
+    threshold: float
+    upper: float
+    token_ids: tuple[int, ...]
+
+
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
@@ -73,6 +83,7 @@ class RequestOutput:
     prompt: str | None = None
     stop_reason: str | int | None = None
     num_nan_logits: int = 0            # NaN values seen in this request's logits rows
+    kept_support: list[TokenSupport] | None = None     # per output token, when asked
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class Request:
     guided: GuidedDecoding | None = None
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    kept_support: list[TokenSupport] | None = None
     num_computed_tokens: int = 0        # tokens whose K/V sit in the cache
     block_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -126,4 +138,4 @@ class Request:
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
                              self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
-                             num_nan_logits=self.num_nan_logits)
+                             num_nan_logits=self.num_nan_logits, kept_support=self.kept_support)

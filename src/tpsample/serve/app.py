@@ -149,9 +149,10 @@ async def _stream(gen, fmt: Formatter, kind: str, n: int, prompt_len: int, inclu
         async for t, delta in gen:
             completion_tokens += len(delta.new_token_ids)
             lps = t.logprobs[len(t.logprobs) - len(delta.new_token_ids):] if t.logprobs is not None else None
-            if not delta.text and not delta.finished and lps is None and not fmt.return_token_ids:
+            ks = t.kept_support[len(t.kept_support) - len(delta.new_token_ids):] if t.kept_support is not None else None
+            if not delta.text and not delta.finished and lps is None and ks is None and not fmt.return_token_ids:
                 continue                            # text held back (a split character): nothing to say
-            yield _sse(fmt.chunk(t.index, delta, lps))
+            yield _sse(fmt.chunk(t.index, delta, lps, ks))
         if include_usage:
             yield _sse(fmt.usage_chunk(prompt_len, completion_tokens))
         yield "data: [DONE]\n\n"

@@ -22,6 +22,7 @@ import anyio
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from tpsample.engine.breakers import with_token_breakers
 from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.serve import protocol as P
 from tpsample.serve.config import ServeConfig
@@ -61,6 +62,7 @@ class Preparer:
         if not ids[0]:
             raise ValueError("the prompt is empty")
         params = P.sampling_params(req, P.max_tokens(req, len(ids[0]), self.max_model_len))
+        params = [with_token_breakers(p, self.tokenizer) for p in params]      # DRY breaker strings -> ids
         return Prepared(req, ids[0], texts[0], params, P.guided_decoding(req))
 
     def _chat(self, req: P.ChatCompletionRequest):

@@ -54,6 +54,15 @@ def finite(lp: float) -> float:
     return lp if math.isfinite(lp) else FLOOR_LOGPROB
 
 
+def kept_support_json(supports) -> list[dict] | None:
+    """Per token its kept support (count, bounds, ids); a bound that is not finite is null."""
+    if supports is None:
+        return None
+    bound = lambda v: v if math.isfinite(v) else None  # noqa: E731
+    return [{"count": s.count, "threshold": bound(s.threshold), "upper": bound(s.upper),
+             "token_ids": list(s.token_ids)} for s in supports]
+
+
 def chat_logprobs(tt: TokenText, lps: list[TokenLogprob]) -> dict:
     def entry(tid: int, lp: float) -> dict:
         text, raw = tt.get(tid)
@@ -117,6 +126,8 @@ class Formatter:
                 choice["text"] = out.text
             if self.return_token_ids:
                 choice["token_ids"] = out.output_token_ids
+            if out.kept_support is not None:
+                choice["kept_support"] = kept_support_json(out.kept_support)
             choices.append(choice)
         body = {**self._head(False), "choices": choices,
                 "usage": usage(len(prompt_token_ids), sum(len(t.output_token_ids) for t in tracked))}
@@ -124,8 +135,9 @@ class Formatter:
             body["prompt_token_ids"] = list(prompt_token_ids)
         return body
 
-    def chunk(self, index: int, delta, logprobs=None) -> dict:
-        """One stream chunk for choice `index`; delta is a StreamDelta or, for chat, a dict."""
+    def chunk(self, index: int, delta, logprobs=None, kept_support=None) -> dict:
+        """One stream chunk for choice `index`; delta is a StreamDelta or, for chat, a dict;
+        kept_support: the new tokens' kept supports, when the request asked."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": None}
         if isinstance(delta, dict):
             choice["delta"] = delta
@@ -139,6 +151,8 @@ class Formatter:
                 choice["finish_reason"], choice["stop_reason"] = delta.finish_reason, delta.stop_reason
             if self.return_token_ids:
                 choice["token_ids"] = list(delta.new_token_ids)
+            if kept_support is not None:
+                choice["kept_support"] = kept_support_json(kept_support)
         return {**self._head(True), "choices": [choice]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:

@@ -2,7 +2,9 @@
 
 The fields are OpenAI's (chat completions and legacy completions) plus vLLM's sampling
 extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
-`stop_token_ids`, `include_stop_str_in_output`, `return_token_ids`). Unknown fields are ignored,
+`stop_token_ids`, `include_stop_str_in_output`, `return_token_ids`), llama.cpp's samplers by
+llama.cpp's names (`dry_*`, `xtc_*`, `top_n_sigma`; DRY breakers as strings), and for RL
+`logprobs_mode` (vLLM's values; vLLM takes it per engine, here per request) and `kept_support`. Unknown fields are ignored,
 as OpenAI-compatible servers do. Every bad value ends as a `ValueError` (the app answers 400
 with the field in `param`); nothing here touches the engine. Every integer that reaches the
 engine's int64 tables is range-checked here first (`check_ranges`), so no value can fail there.
@@ -17,6 +19,8 @@ import tpsample
 from tpsample.engine.request import GuidedDecoding
 
 MAX_N = 16
+SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+                  "xtc_threshold", "xtc_probability", "top_n_sigma", "logprobs_mode", "kept_support")
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -62,6 +66,18 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
+    # llama.cpp's samplers, by llama.cpp's names
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    top_n_sigma: float = -1.0
+    # for RL: which logprob values, and each token's kept support
+    logprobs_mode: str = "raw_logprobs"
+    kept_support: int | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -163,7 +179,8 @@ def sampling_params(req: _Sampling, num_max_tokens: int) -> list[tpsample.Sampli
                 repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
                 min_tokens=req.min_tokens, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
                 logprobs=_logprobs(req), max_tokens=num_max_tokens, stop=req.stop,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                **{name: getattr(req, name) for name in SAMPLER_FIELDS})
     return [tpsample.SamplingParams(**base, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
 
 
