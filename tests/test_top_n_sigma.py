@@ -111,3 +111,55 @@ def test_statistics_on_vocab_shards_and_permuted_rows_are_bitwise_the_full_rows(
 def test_bad_top_n_sigma_is_refused_naming_the_field(value):
     with pytest.raises(ValueError, match="SamplingParams.top_n_sigma must be"):
         SP(top_n_sigma=value)
+
+
+def _store_batch(params):
+    from tpsample.sampling.processors import PROCESSORS
+    from tpsample.state.rows import RowsView
+    from tpsample.state.store import RequestStore
+    store = RequestStore(V, len(params), None, PROCESSORS)
+    for i, p in enumerate(params):
+        store.add(str(i), p, [1], p.seed or 0)
+    store.sync(torch.device("cpu"), 1)
+    n = len(params)
+    return store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.full(n, -1, np.int64)), torch.device("cpu"))
+
+
+def test_the_vocab_parallel_rounds_apply_it_as_the_torch_backend_does():
+    """top-n-sigma inside the rounds' summary (band rows, top-k + top-p ties, min-p, processed
+    logprobs; the band's exact path too) gives the torch backend's tokens and logprobs."""
+    from tpsample.sampling.recipe import SampleArgs, sample_rows
+    from tpsample.sampling.reducer import LocalRows
+    from tpsample.sampling.rounds.rounds import ROUNDS, ROUNDS_EXACT
+    from tpsample.sampling.torch_backend import TORCH
+    b = _store_batch([_params(i) for i in range(40)])
+    x = randn_logits(40, 2) + torch.linspace(0, 3, V)
+    want = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()), backend=TORCH)
+    for rounds in (ROUNDS, ROUNDS_EXACT):
+        got = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()), backend=rounds)
+        assert torch.equal(got.emitted, want.emitted)
+        assert torch.equal(got.lp_ids, want.lp_ids) and torch.allclose(got.lp_vals, want.lp_vals, atol=1e-5)
+
+
+def _vocab_parallel_tokens(group):
+    from test_semantics_reference import EOS
+
+    import tpsample
+    sampler = tpsample.Sampler(V, strategy="vocab_parallel", group=group, seed=0, eos_token_id=EOS,
+                               max_logprobs=V, max_num_reqs=64)
+    start, end = tpsample.vocab_shard(V, sampler.tp_size, sampler.rank)
+    ids = add_all(sampler, [_params(i) for i in range(40)])
+    got = []
+    for step in range(3):
+        plan = sampler.plan(ids)
+        out = sampler.sample(randn_logits(40, step)[plan.logits_order][:, start:end].contiguous(), plan)
+        got.append((out.token_lists(), out.logprobs.token_ids.tolist(), sampler.last_stats.num_rounds))
+    return got
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_vocab_parallel_at_tp_2_and_3_samples_tp1s_tokens_in_one_more_round(tp):
+    want = _vocab_parallel_tokens(None)
+    for got in spawn_ranks(_vocab_parallel_tokens, tp, timeout_s=120):
+        assert [g[:2] for g in got] == [w[:2] for w in want]
+        assert all(g[2] <= 4 for g in got)         # ends, summary, winners, logprobs: no torch fallback

@@ -16,7 +16,7 @@
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
-  without drafts, top-n-sigma, XTC, other logprob values or a kept support;
+  without drafts, XTC, other logprob values or a kept support;
 - `torch_backend.TORCH`: torch ops on full rows or a shard (through the reducer): every other
   case, and the reference the other two are tested against.
 Every backend gives the same tokens for the same rows. Backends only run their steps and

@@ -181,9 +181,9 @@ class RowBatch:
 
     @property
     def torch_only_any(self) -> bool:
-        """Some row uses what only the torch backend computes: top-n-sigma, XTC, logprob values
+        """Some row uses what only the torch backend computes on a shard: XTC, logprob values
         other than the log-softmax, a kept support."""
-        return self.sigma_any or self.xtc_any or bool(self.host.beyond_logprobs().any())
+        return self.xtc_any or bool(self.host.beyond_logprobs().any())
 
     @property
     def kept_cap_max(self) -> int:
