@@ -243,3 +243,21 @@ def test_ops_apply_dry_matches_the_reference_on_full_rows_and_shards():
                          p.dry_penalty_last_n, p.dry_sequence_breakers or ())
         assert ops.apply_dry(logits[i: i + 1], ctx, **kw)[0].tolist() == [float(v) for v in want], i
         assert ops.apply_dry(logits[i: i + 1, 4:], ctx, col_start=4, **kw)[0].tolist() == [float(v) for v in want[4:]]
+
+
+def test_long_contexts_sampled_in_row_chunks_match_the_reference():
+    """2,000-token contexts: the rows go through the prefix doubling a few at a time."""
+    rng = random.Random(7)
+    cases = []
+    for i in range(5):
+        motif = [rng.randrange(V) for _ in range(rng.randrange(3, 40))]
+        prompt = (motif * 200)[: 2000 - 7 * i]
+        cases.append((SP(dry_multiplier=0.5, dry_base=1.001, dry_allowed_length=i, dry_penalty_last_n=(-1, 900)[i % 2],
+                         dry_sequence_breakers=[[motif[0]]] if i == 3 else None), prompt, [], []))
+    logits = torch.randn(len(cases), V, generator=torch.Generator().manual_seed(8))
+    got = _processed_rows(cases, logits)
+    for i, (p, prompt, _, _) in enumerate(cases):
+        want = llama_dry(logits[i].tolist(), prompt, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                         p.dry_penalty_last_n, p.dry_sequence_breakers or ())
+        assert got[i].tolist() == [float(v) for v in want], i
+    assert int((got != logits).any(dim=1).sum()) >= 4          # rows were penalised

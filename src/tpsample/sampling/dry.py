@@ -19,14 +19,16 @@ State: per slot, the four parameters and the exponent cap (columns), the prompt'
 breakers ascending and the longer breakers padded to `MAX_DRY_BREAKER_LEN` tokens (padded
 tables). Each step the rows' repeat lengths come from tensor ops: the longest common prefix of
 the reversed window with each of its shifts, by prefix doubling (block ranks of length 2**t,
-then binary lifting: O(L log L) for a window of L tokens, no host read). The edit is a sparse
-subtraction by token id, column-local, so it runs on a vocab shard unchanged.
+then binary lifting: O(L log L) for a window of L tokens, no host read; rows go a few at a
+time so the rank tables stay within the row-chunk bound). The edit is a sparse subtraction by
+token id, column-local, so it runs on a vocab shard unchanged.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..numerics import row_chunks
 from ..params import MAX_DRY_BREAKER_LEN
 from .scatter import PaddedRows, skip, targets
 
@@ -89,13 +91,18 @@ def dry_penalties(prompt, seq, length, breakers, last_n, allowed, max_exp, multi
     """([m, n] tokens, -1 none; [m, n] fp32 penalties) for rows whose context is prompt [m, P]
     (-1 padded at the end) then the first `length` [m] of seq [m, W]; breakers: (one-token
     breakers [m, S], longer ones [m, B * MAX_DRY_BREAKER_LEN]), -1 padded; the parameters [m]."""
-    single, multi = breakers
-    single = _sorted_ids(single)
-    r, window = reversed_window(prompt, seq, length, last_n)
-    limit = repeat_limit(r, window, single, multi.reshape(multi.shape[0], -1, MAX_DRY_BREAKER_LEN))
-    tokens, lengths = extending_tokens(r, window, limit, allowed)
-    tokens = torch.where(_member(single, tokens), torch.full_like(tokens, -1), tokens)
-    return tokens, penalties(lengths, allowed, max_exp, multiplier, base)
+    single, multi = _sorted_ids(breakers[0]), breakers[1].reshape(breakers[1].shape[0], -1, MAX_DRY_BREAKER_LEN)
+    m, n = prompt.shape[0], prompt.shape[1] + max(seq.shape[1], 1)
+    tokens = torch.full((m, n), -1, dtype=torch.int64, device=prompt.device)
+    values = torch.zeros((m, n), device=prompt.device)
+    # row chunks bound the prefix-doubling temporaries: ~log2(n) int64 [rows, n] rank tables
+    for s, t in row_chunks(m, n * (n.bit_length() + 8), prompt.device):
+        r, window = reversed_window(prompt[s:t], seq[s:t], length[s:t], last_n[s:t])
+        limit = repeat_limit(r, window, single[s:t], multi[s:t])
+        tok, lengths = extending_tokens(r, window, limit, allowed[s:t])
+        tokens[s:t] = torch.where(_member(single[s:t], tok), torch.full_like(tok, -1), tok)
+        values[s:t] = penalties(lengths, allowed[s:t], max_exp[s:t], multiplier[s:t], base[s:t])
+    return tokens, values
 
 
 def reversed_window(prompt: torch.Tensor, seq: torch.Tensor, length: torch.Tensor, last_n: torch.Tensor):
