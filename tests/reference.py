@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
-from tpsample.noise import SALT_DRAW, W_MAX, row_keys, seed_to_int64, uniform_bits
+from tpsample.noise import SALT_DRAW, SALT_XTC, W_MAX, row_keys, seed_to_int64, uniform01, uniform_bits
 from tpsample.params import SamplingParams
 
 NEG = float("-inf")
@@ -67,12 +68,45 @@ def process_row(raw: list[float], p: SamplingParams, prompt: list[int], output: 
     return l
 
 
-def filter_row(l: list[float], p: SamplingParams) -> list[float]:
-    """Steps 6-9 for a sampled row: temperature, min-p, top-k, top-p (fp64 masses)."""
+def top_n_sigma_threshold(l: list[float], n_sigma: float, vocab: int) -> float:
+    """M - n * sigma, sigma from the values on the fixed-point grid of docs/semantics.md."""
+    fin = [v for v in l if math.isfinite(v)]
+    if n_sigma <= 0 or not fin:
+        return NEG
+    top, low = max(fin), min(fin)
+    bits = (62 - max(1, math.ceil(math.log2(vocab)))) // 2
+    scale = 2.0 ** (bits - math.frexp(top - low)[1])
+    q = [math.floor((top - v) * scale) for v in fin]
+    n, s1, s2 = len(q), sum(q), sum(x * x for x in q)
+    var = max(s2 / n - (s1 / n) ** 2, 0.0)
+    return top - n_sigma * math.sqrt(var) / scale
+
+
+def xtc_row(l: list[float], p: SamplingParams, seed: int, pos: int) -> list[float]:
+    """XTC after top-p: when the (seed, pos) coin comes up and two or more kept tokens have
+    probability >= threshold, keep only values <= the smallest of theirs (fp64 probabilities)."""
+    if p.xtc_probability <= 0:
+        return l
+    u = uniform01(torch.tensor([seed_to_int64(seed)]), torch.tensor([pos]), SALT_XTC)[0].item()
+    m = max(l)
+    if not u < float(np.float32(p.xtc_probability)) or m == NEG:
+        return l
+    e = [math.exp(v - m) if v > NEG else 0.0 for v in l]
+    z = sum(e)
+    qual = [v for v, w in zip(l, e) if v > NEG and w / z >= float(np.float32(p.xtc_threshold))]
+    if len(qual) < 2:
+        return l
+    return [v if v <= min(qual) else NEG for v in l]
+
+
+def filter_row(l: list[float], p: SamplingParams, seed: int = 0, pos: int = 0) -> list[float]:
+    """Steps 6-9 for a sampled row: temperature, top-n-sigma, min-p, top-k, top-p (fp64 masses), XTC."""
     l = [v / p.temperature for v in l]
     fin = [v for v in l if v > NEG]
     if not fin:
         return l
+    cut = top_n_sigma_threshold(l, p.top_n_sigma, len(l))
+    l = [v if v >= cut else NEG for v in l]
     if p.min_p > 0:
         cut = max(fin) + math.log(p.min_p)
         l = [v if v >= cut else NEG for v in l]
@@ -96,7 +130,7 @@ def filter_row(l: list[float], p: SamplingParams) -> list[float]:
                 above += sum(e[order[t]] for t in range(i, j))
                 i = j
             l = [v if i in kept else NEG for i, v in enumerate(l)]
-    return l
+    return xtc_row(l, p, seed, pos)
 
 
 def log_softmax(l: list[float]) -> list[float]:
@@ -109,8 +143,9 @@ def log_softmax(l: list[float]) -> list[float]:
     return [v - z if v > NEG else NEG for v in l]
 
 
-def logprob_entry(l: list[float], token: int, n: int) -> tuple[list[int], list[float], int]:
-    lp = log_softmax(l)
+def logprob_entry(l: list[float], token: int, n: int, logits: bool = False) -> tuple[list[int], list[float], int]:
+    """(ids, values, rank) of the token and the top-n: log-softmax values, or the row's own (logits)."""
+    lp = list(l) if logits else log_softmax(l)
     rank = 1 + sum(1 for v in lp if v > lp[token])
     order = sorted(range(len(l)), key=lambda i: (-lp[i], i))[:n]
     return [token] + order, [lp[token]] + [lp[i] for i in order], rank
@@ -129,7 +164,7 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         proc, tok = l, argmax_first(l)
         best = l[tok] if tok >= 0 else NEG
     else:
-        proc = filter_row(l, p)
+        proc = filter_row(l, p, seed, pos)
         g = gumbel64(seed, pos, V)
         z = [v + g[i] if v > NEG else NEG for i, v in enumerate(proc)]
         tok = argmax_first(z)
@@ -143,9 +178,31 @@ def sample_row(raw: list[float], p: SamplingParams, seed: int, pos: int, prompt:
         accepted, emitted = _verify(draft, tok)
     res = {"token": emitted, "accepted": accepted, "fallback": fallback, "nans": nans}
     if p.logprobs is not None:
-        base = proc if p.logprobs_mode == "processed" else masked
-        res["logprobs"] = logprob_entry(base, emitted, p.logprobs)
+        res["logprobs"] = logprob_entry(logprob_row(p, masked, proc), emitted, p.logprobs,
+                                        p.logprobs_mode.endswith("_logits"))
+    if p.kept_support is not None:
+        res["support"] = support_entry(proc, tok, fallback, p)
     return res
+
+
+def logprob_row(p: SamplingParams, masked: list[float], proc: list[float]) -> list[float]:
+    """The row a logprobs_mode reads: processed (after step 9; greedy: after 5), raw (after the
+    grammar mask), or raw / T for temperature_logprobs (greedy: T = 1)."""
+    if p.logprobs_mode in ("processed", "processed_logprobs", "processed_logits"):
+        return proc
+    if p.logprobs_mode == "temperature_logprobs" and p.temperature > 0:
+        return [v / p.temperature for v in masked]
+    return masked
+
+
+def support_entry(proc: list[float], token: int, fallback: bool, p: SamplingParams) -> tuple[list[int], int]:
+    """(the cap most probable kept ids, ties -> lower id; how many were kept): a sampled row keeps
+    the finite entries of its processed row, a greedy row its token."""
+    if p.temperature == 0:
+        kept = [] if fallback else [token]
+    else:
+        kept = sorted((i for i, v in enumerate(proc) if v > NEG), key=lambda i: (-proc[i], i))
+    return kept[: p.kept_support], len(kept)
 
 
 def _verify(draft: int, main: int) -> tuple[bool, int]:

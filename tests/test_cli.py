@@ -64,6 +64,10 @@ def mistakes(m):
         gen + ["--prompt-ids", "1", "--regex", "a+"],                    # structured output needs a tokenizer
         gen + ["--prompt-ids", "1", "--tp", "0"], gen + ["--prompt-ids", "1", "--tp", "3"],
         gen + ["--prompt-ids", "1", "--max-tokens", "0"], gen + ["--prompt-ids", "1", "--strategy", "fast"],
+        gen + ["--prompt-ids", "1", "--dry-multiplier", "-1"], gen + ["--prompt-ids", "1", "--dry-base", "0.5"],
+        gen + ["--prompt-ids", "1", "--dry-penalty-last-n", "-2"], gen + ["--prompt-ids", "1", "--xtc-threshold", "2"],
+        gen + ["--prompt-ids", "1", "--top-n-sigma", "nan"],
+        gen + ["--prompt-ids", "1", "--dry-multiplier", "1", "--dry-sequence-breaker", "x"],    # strings need a tokenizer
         ["demo", "--tp", "0"], ["demo", "--engine-tp", "2"], ["demo", "--engine-tp", "1,0"],
         ["demo", "--engine-max-tokens", "0"],
         ["demo", "--engine-model", m["root"] + "/missing"], ["demo", "--part", "everything"],

@@ -13,7 +13,7 @@ from .parallel.shard import vocab_shard
 from .params import SamplingParams
 from .replay import CapturedStep
 from .sampler import Sampler, StepStats
-from .sampling.output import LogprobsOutput, SamplerOutput
+from .sampling.output import KeptSupport, LogprobsOutput, SamplerOutput
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ _LAZY = {   # name -> module that defines it (imported on first access)
     "ops": "tpsample.ops",                 # a module: the name is the module itself
 }
 
-__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "StepStats", "SamplingPlan",
+__all__ = ["Sampler", "SamplingParams", "SamplerOutput", "LogprobsOutput", "KeptSupport", "StepStats", "SamplingPlan",
            "CapturedStep", "vocab_shard", "LLM", "RequestOutput", "GuidedDecoding", "ops"]
 
 

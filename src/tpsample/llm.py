@@ -9,9 +9,11 @@ rank); under torchrun every rank runs the script and the ranks are the torchrun 
 `tpsample.engine.backends`). Structured output: `generate(..., guided=GuidedDecoding(...))`.
 Streaming: `generate(..., stream=callback)`, called with a `StreamDelta` (new token ids and new
 text) per request per step. Stop strings (`SamplingParams.stop`) and text come from the
-front end (`engine.frontend`); the engine sees token ids only. `SamplingParams(prompt_logprobs=n)`
-adds each prompt token's logprob, rank and top-n (`RequestOutput.prompt_logprobs`, None for the
-first token), computed from the prefill's own logits on each rank's vocab shard.
+front end (`engine.frontend`); DRY sequence breakers given as strings are mapped to token ids
+with the tokenizer as llama.cpp maps them (`engine.breakers`); the engine sees token ids only.
+`SamplingParams(prompt_logprobs=n)` adds each prompt token's logprob, rank and top-n
+(`RequestOutput.prompt_logprobs`, None for the first token), computed from the prefill's own
+logits on each rank's vocab shard.
 Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
 Engine options beyond the public signature (block_size, max_num_batched_tokens,
 cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
@@ -33,6 +35,7 @@ import torch
 
 import tpsample
 from tpsample.engine.backends import InProcessBackend, SpmdBackend, under_torchrun
+from tpsample.engine.breakers import with_token_breakers
 from tpsample.engine.config import EngineConfig, NgramConfig, check_max_model_len
 from tpsample.engine.core import NewRequest
 from tpsample.engine.frontend import TrackedRequest, run_to_completion
@@ -130,7 +133,8 @@ class LLM:
         backend = self._live_backend()
         n = len(token_prompts)
         params = _per_prompt(params, n, "params", tpsample.SamplingParams)
-        params = [p if p is not None else tpsample.SamplingParams() for p in params]
+        params = [with_token_breakers(p if p is not None else tpsample.SamplingParams(), self.tokenizer)
+                  for p in params]
         guided = _per_prompt(guided, n, "guided", GuidedDecoding)
         if n == 0:
             return []

@@ -11,8 +11,8 @@ Contract:
   Gumbel winner lives (W small means g large), and returns g = -log(-log1p(-W)) in fp32 (log1p via Goldberg's identity, see
   `neg_log1p_neg`, so the Triton twin computes the same formula).
   W is capped at 1 - 2**-24 so g is always finite.
-- Streams are separated by salts: the draw, the spec-decode accept test and the residual draw
-  never share bits.
+- Streams are separated by salts: the draw, the spec-decode accept test, the residual draw and
+  XTC's coin never share bits.
 
 The noise never depends on the batch layout, the rank or the TP size: only on the key.
 """
@@ -24,6 +24,7 @@ MASK32 = 0xFFFFFFFF
 SALT_DRAW = 0x5EED0001
 SALT_ACCEPT = 0x5EED0002
 SALT_RESIDUAL = 0x5EED0003
+SALT_XTC = 0x5EED0004            # XTC's per-(request, position) coin
 GOLDEN = 0x9E3779B1
 ROW_KEY1_SALT = 0x68E31DA4
 W_MAX = 1.0 - 2.0**-24

@@ -27,6 +27,15 @@ Ranges, and why (the sampler computes in fp32):
   keys, `bad_words_token_ids`) in [0, 2**31) (int32 tables; the vocabulary is below 2**31).
 - `seed`: any integer (or None). The noise keys on the seed mod 2**64, so seeds equal mod 2**64
   (e.g. -1 and 2**64 - 1) give the same tokens; nothing is stored wider than int64.
+- The samplers with llama.cpp's names (`src/llama-sampling.cpp`): `dry_multiplier` in [0, 100]
+  (0 = off), `dry_base` in [1, 100] (llama.cpp ignores a base below 1), `dry_allowed_length` in
+  [0, 2**31), `dry_penalty_last_n` -1 (the whole context), 0 (off) or in [1, 2**31),
+  `dry_sequence_breakers` at most 65536 sequences of 1 to 21 token ids (a head and llama.cpp's
+  longest tail, 20) or strings of 1 to 40 characters (llama.cpp's longest), which only the text
+  front ends take (they map them with the tokenizer); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
+  `xtc_probability` in [0, 1] (probability 0 = off).
+- `kept_support`: None, or how many kept token ids (most probable first) each sampled row
+  returns with its kept support, in [0, 65536].
 Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
 (100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
 argmax, flagged) applies.
@@ -57,7 +66,15 @@ REPETITION_PENALTY_RANGE = (fp32(0.01), 100.0)
 PENALTY_BOUND = 2.0             # |frequency_penalty|, |presence_penalty|
 MAX_STOP_STRINGS = 16           # stop strings per request
 MAX_STOP_STRING_LEN = 256       # characters per stop string
-LOGPROBS_MODES = ("raw", "processed")
+# vLLM's names, the short names ("raw" = "raw_logprobs", "processed" = "processed_logprobs") and
+# "temperature_logprobs": the log-softmax of the raw row divided by the temperature (what an RL
+# trainer computes from the same logits), nothing else applied
+LOGPROBS_MODES = ("raw", "processed", "raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits",
+                  "temperature_logprobs")
+PROCESSED_MODES = ("processed", "processed_logprobs", "processed_logits")
+LOGIT_MODES = ("raw_logits", "processed_logits")
+MAX_DRY_BREAKERS = 1 << 16      # sequences
+MAX_DRY_BREAKER_LEN = 21        # tokens: a head and llama.cpp's longest tail (20)
 MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is a full sort
 TOKEN_IDS = "token ids in [0, 2**31)"      # MAX_TOKEN_ID + 1 = 2**31
 
@@ -97,6 +114,15 @@ class SamplingParams:
     stop: Optional[tuple[str, ...]] = None      # stop strings (a str or a list is accepted); matched on text
     include_stop_str_in_output: bool = False    # keep the matched stop string (or stop token's text)
     prompt_logprobs: Optional[int] = None       # each prompt token's logprob and rank, plus the top-n (engine)
+    dry_multiplier: float = 0.0                 # DRY (llama.cpp's): 0 = off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1                # -1: the whole context (prompt + outputs); 0: off
+    dry_sequence_breakers: Optional[tuple] = None     # token id sequences (head, tail...); strings: front ends
+    top_n_sigma: float = -1.0                   # <= 0 = off
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0                # 0 = off
+    kept_support: Optional[int] = None          # RL: each sampled row's kept support, with up to this many ids
 
     def __post_init__(self) -> None:
         # Construction-time normalisation of the instance being built (numpy scalars -> Python
@@ -136,6 +162,24 @@ class SamplingParams:
                 self.prompt_logprobs, "prompt_logprobs", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
             "ignore_eos": as_bool(self.ignore_eos, "ignore_eos"),
             "include_stop_str_in_output": as_bool(self.include_stop_str_in_output, "include_stop_str_in_output"),
+            **self._checked_samplers(),
+        }
+
+    def _checked_samplers(self) -> dict:
+        """DRY, top-n-sigma, XTC (llama.cpp's ranges) and the kept support (module docstring)."""
+        last_n = _int(self.dry_penalty_last_n, "dry_penalty_last_n", -1,
+                      "-1 (the whole context), 0 (off) or an integer in [1, 2**31)", MAX_TOKEN_ID)
+        return {
+            "dry_multiplier": _real(self.dry_multiplier, "dry_multiplier", 0.0, 100.0, "in [0, 100] (0 = off)"),
+            "dry_base": _real(self.dry_base, "dry_base", 1.0, 100.0, "in [1, 100]"),
+            "dry_allowed_length": _int(self.dry_allowed_length, "dry_allowed_length", 0,
+                                       "an integer in [0, 2**31)", MAX_TOKEN_ID),
+            "dry_penalty_last_n": last_n,
+            "top_n_sigma": _real(self.top_n_sigma, "top_n_sigma", -1e6, 1e6, "in [-1e6, 1e6] (<= 0 = off)"),
+            "xtc_threshold": _real(self.xtc_threshold, "xtc_threshold", 0.0, 1.0, "in [0, 1]"),
+            "xtc_probability": _real(self.xtc_probability, "xtc_probability", 0.0, 1.0, "in [0, 1] (0 = off)"),
+            "kept_support": None if self.kept_support is None else _int(
+                self.kept_support, "kept_support", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
         }
 
     def _checked_containers(self) -> dict:
@@ -151,11 +195,18 @@ class SamplingParams:
             out["bad_words_token_ids"] = _frozen_bad_words(self.bad_words_token_ids)
         if self.stop is not None:
             out["stop"] = _frozen_stop(self.stop)
+        if self.dry_sequence_breakers is not None:
+            out["dry_sequence_breakers"] = _frozen_breakers(self.dry_sequence_breakers)
         return out
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def dry_enabled(self) -> bool:
+        """DRY changes logits (llama.cpp's condition: a multiplier and a window)."""
+        return self.dry_multiplier > 0 and self.dry_penalty_last_n != 0
 
     def validate_for_vocab(self, vocab_size: int, max_logprobs: int) -> "SamplingParams":
         """Check what needs the sampler's vocabulary size and limits; return the params to store.
@@ -177,6 +228,10 @@ class SamplingParams:
             in_vocab(self.stop_token_ids, "stop_token_ids")
         for w in self.bad_words_token_ids or ():
             in_vocab(w, "bad_words_token_ids")
+        for w in self.dry_sequence_breakers or ():
+            check(not isinstance(w, str), "dry_sequence_breakers", "token id sequences for the sampler (strings are "
+                  "mapped to token ids by LLM, tpsample generate and the server, which hold the tokenizer)", w)
+            in_vocab(w, "dry_sequence_breakers")
         if self.logprobs is not None:
             check(self.logprobs <= max_logprobs, "logprobs", f"<= max_logprobs={max_logprobs}", self.logprobs)
         if self.prompt_logprobs is not None:
@@ -212,6 +267,25 @@ def _frozen_bad_words(words) -> tuple[tuple[int, ...], ...]:
         check(isinstance(w, (list, tuple)) and 1 <= len(w) <= MAX_BAD_WORD_LEN, "bad_words_token_ids",
               seq_allowed, w)
         out.append(token_ids(w, "bad_words_token_ids", seq_allowed))
+    return tuple(out)
+
+
+def _frozen_breakers(breakers) -> tuple:
+    """DRY sequence breakers: token id sequences (a bare id is a one-token sequence), or strings
+    of 1 to 40 characters that the text front ends map to token ids (`engine.breakers`)."""
+    allowed = (f"a list of at most {MAX_DRY_BREAKERS} token ids, sequences of 1 to {MAX_DRY_BREAKER_LEN} token "
+               "ids, or strings of 1 to 40 characters (mapped by the text front ends)")
+    check(isinstance(breakers, (list, tuple)) and len(breakers) <= MAX_DRY_BREAKERS, "dry_sequence_breakers",
+          allowed, breakers if not isinstance(breakers, (list, tuple)) else f"{len(breakers)} entries")
+    out = []
+    for w in breakers:
+        if isinstance(w, str):
+            check(1 <= len(w) <= 40, "dry_sequence_breakers", allowed, w)
+            out.append(w)
+            continue
+        w = w if isinstance(w, (list, tuple)) else [w]
+        check(1 <= len(w) <= MAX_DRY_BREAKER_LEN, "dry_sequence_breakers", allowed, w)
+        out.append(token_ids(w, "dry_sequence_breakers", allowed))
     return tuple(out)
 
 

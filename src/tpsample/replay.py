@@ -19,10 +19,11 @@ replay about forty. Three ways, one policy:
   and replays that over each new buffer.
 
 What may be recorded (`check_capturable`, a `ValueError` naming the cause): no drafts, no
-grammar mask, no processed logprobs, no request still below its min_tokens, and at TP > 1 an
-NCCL group. Each replay first runs `ReplayGuard` on the host (no device read): the plan went
-stale (a request left or its slot was reused), the reserved history would overflow, or a table
-the recording reads was reallocated -> `ValueError` (capture again; `AutoGraph` then samples
+grammar mask, no processed logprobs, no top-n-sigma, XTC, kept support or logprob values other
+than the raw log-softmax (rows the torch backend samples), no request still below its
+min_tokens, and at TP > 1 an NCCL group. Each replay first runs `ReplayGuard` on the host (no
+device read): the plan went stale (a request left or its slot was reused), the reserved
+history would overflow, or a table the recording reads was reallocated -> `ValueError` (capture again; `AutoGraph` then samples
 eagerly and counts again). Per replay the noise keys advance with the positions on the device,
 penalties read each slot's ascending history at its length on the device, and recorded history
 views span the whole reserve (`History.full_width`). An output's host fields are its own once
@@ -58,6 +59,15 @@ def check_capturable(sampler, plan) -> None:
         names = [plan.req_ids[i] for i in proc[:3]]
         raise ValueError(f"capture supports raw logprobs only: requests {names} ask for processed logprobs "
                          "(logprobs_mode='processed'); sample them eagerly")
+    asks = np.flatnonzero((hi[cols["kept_cap"]] >= 0) | ((hi[cols["num_logprobs"]] >= 0) & (hi[cols["lp_kind"]] != 0)))
+    if len(asks):
+        raise ValueError(f"capture does not support kept_support or logprobs_mode other than raw / processed "
+                         f"logprobs (requests {[plan.req_ids[i] for i in asks[:3]]}); sample them eagerly")
+    for name in ("top_n_sigma", "xtc_probability"):
+        uses = np.flatnonzero(store.f32.host[store.layout.f32[name], plan.slots] > 0)
+        if len(uses):
+            raise ValueError(f"capture does not support {name} (requests {[plan.req_ids[i] for i in uses[:3]]}); "
+                             "sample them eagerly")
     # min_tokens bans are chosen on the host per step; once met (each step emits >= 1 token) they
     # never apply again, so only a request still below its min_tokens is refused
     stops = np.flatnonzero(MinTokens.pending(store, plan.slots))
@@ -116,7 +126,7 @@ class _Recording:
         store.sync(dev, int(upper.max()) + reserve_tokens if plan.num_reqs else reserve_tokens)
         self.limit = store.history.capacity
         with store.history.full_width():
-            block, logprobs, _ = sampler._device_steps(logits, plan, sampler._step_inputs(), append=False)
+            block, logprobs, *_ = sampler._device_steps(logits, plan, sampler._step_inputs(), append=False)
         self._results = ReplayResults(block, plan.max_rows, logprobs)   # pinned: outside any graph
 
     def _finish(self) -> SamplerOutput:
@@ -147,7 +157,7 @@ class CapturedStep(_Recording):
 
     def _record(self) -> None:
         """The step the graph holds: sample, append to the history, copy the results out."""
-        block, logprobs, _ = self.sampler._device_steps(self.logits, self.plan, self.sampler._step_inputs())
+        block, logprobs, *_ = self.sampler._device_steps(self.logits, self.plan, self.sampler._step_inputs())
         self._results.bind(block, logprobs)
         self._results.fill()
         self.block = block
@@ -170,7 +180,7 @@ class TapedStep(_Recording):
         self.key = _buffer_key(logits)
         store = sampler.store
         with store.history.full_width(), recorded(logits.device.type) as (tape, work):
-            block, logprobs, _ = sampler._device_steps(logits, plan, sampler._step_inputs())
+            block, logprobs, *_ = sampler._device_steps(logits, plan, sampler._step_inputs())
         self.refused = None
         if work.found:
             self.refused = f"device work outside the kernels ({', '.join(sorted(set(work.found)))})"

@@ -230,7 +230,7 @@ class Sampler:
         sent, received, calls = self.comm.stats.bytes_sent, self.comm.stats.bytes_received, self.comm.stats.num_collectives
         step = self._step_inputs(draft_probs)
         base = self._start_profile(local_logits.device)
-        block, logprobs, exact_rows = self._device_steps(local_logits, plan, step)
+        block, logprobs, exact_rows, support = self._device_steps(local_logits, plan, step)
         # 8. host bookkeeping, the step's stats and the output (its host copy is read on first use)
         self.store.history.note_step(plan.slots, plan.rows_per_req)
         stats = self.comm.stats
@@ -239,20 +239,22 @@ class Sampler:
                                     stats.num_collectives - calls, int(peak),
                                     local_logits.numel() * local_logits.element_size(),
                                     stats.num_collectives - calls, exact_rows)
-        return SamplerOutput(block, plan.max_rows, logprobs)
+        return SamplerOutput(block, plan.max_rows, logprobs, support)
 
     def _device_steps(self, logits: torch.Tensor, plan: SamplingPlan, step: Step, append: bool = True) -> tuple:
         """Steps 4-7 of `sample` on the device: what a recorded step replays (`replay`), so an
-        eager call and a replay cannot drift apart. Returns (block, logprobs, exact_rows)."""
+        eager call and a replay cannot drift apart. Returns (block, logprobs, exact_rows, kept
+        supports or None)."""
         strategy = plan.sharding
         rows = strategy.before(logits, plan, step)          # 4. all-gather / all-to-all / the shard
         res = sample_rows(rows)                              # 5. kernels, torch twin or vocab-parallel rounds
         block, logprobs = strategy.after(res, plan, step)   # 6. per-request results, identical on every rank
+        support = strategy.kept_support(res, plan, step)
         if append:                                           # 7. the emitted tokens into the device history
             m = plan.max_rows
             self.store.append(device_copy(plan, "slots", plan.slots, logits.device), block[:, :m], block[:, m],
                               self._append[1])
-        return block, logprobs, res.exact_rows
+        return block, logprobs, res.exact_rows, support
 
     def _step_inputs(self, draft_probs: Optional[torch.Tensor] = None) -> Step:
         return Step(self.store, self.vocab_size, self.col_start, self.col_end, self.comm, draft_probs,

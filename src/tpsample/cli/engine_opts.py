@@ -72,6 +72,21 @@ def add_sampling_args(p) -> None:
     g.add_argument("--seed", metavar="N", type=int, default=None, help="request seed (default: drawn once per request)")
     g.add_argument("--logprobs", metavar="N", type=int_at_least(0), default=None,
                    help="top-n logprobs per token, n <= 20 (default: none)")
+    g.add_argument("--dry-multiplier", metavar="M", type=real, default=0.0, help="DRY penalty scale (0: off)")
+    g.add_argument("--dry-base", metavar="B", type=real, default=1.75, help="DRY growth base, in [1, 100]")
+    g.add_argument("--dry-allowed-length", metavar="N", type=int, default=2,
+                   help="repeats up to this long go unpenalised")
+    g.add_argument("--dry-penalty-last-n", metavar="N", type=int, default=-1,
+                   help="DRY looks at the last N tokens (-1: the whole context, 0: off)")
+    g.add_argument("--dry-sequence-breaker", metavar="TEXT", action="append", default=None,
+                   dest="dry_sequence_breakers",
+                   help="a string that ends repeats (repeatable; default with DRY on: llama.cpp's \\n : \" *)")
+    g.add_argument("--top-n-sigma", metavar="N", type=real, default=-1.0,
+                   help="keep tokens within N standard deviations of the top logit (<= 0: off)")
+    g.add_argument("--xtc-probability", metavar="P", type=real, default=0.0,
+                   help="chance per token of removing the most likely tokens (0: off)")
+    g.add_argument("--xtc-threshold", metavar="P", type=real, default=0.1,
+                   help="XTC removes tokens at or above this probability but the least likely of them")
 
 
 def sampling_params_from_args(args, vocab_size: int):
@@ -80,8 +95,16 @@ def sampling_params_from_args(args, vocab_size: int):
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             seed=args.seed, logprobs=args.logprobs, max_tokens=args.max_tokens,
-                            stop=getattr(args, "stop", None))
+                            stop=getattr(args, "stop", None), dry_multiplier=args.dry_multiplier,
+                            dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
+                            dry_penalty_last_n=args.dry_penalty_last_n,
+                            dry_sequence_breakers=args.dry_sequence_breakers, top_n_sigma=args.top_n_sigma,
+                            xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold)
+    import dataclasses
+
     from ..engine.config import EngineConfig
 
     max_logprobs = EngineConfig.__dataclass_fields__["max_logprobs"].default
-    return params.validate_for_vocab(vocab_size, max_logprobs)
+    # the breaker strings are mapped to token ids with the tokenizer when the LLM runs them
+    checked = dataclasses.replace(params, dry_sequence_breakers=None).validate_for_vocab(vocab_size, max_logprobs)
+    return dataclasses.replace(checked, dry_sequence_breakers=params.dry_sequence_breakers)

@@ -67,6 +67,8 @@ def check(args) -> None:
                 raise UsageError(f"--prompt-ids: token id {max(ids)} is outside the vocabulary [0, {vocab})")
     if args.stop and not tokenizer:
         raise UsageError(f"--stop strings need a tokenizer, and {args.model} has none")
+    if args.dry_sequence_breakers and not tokenizer:
+        raise UsageError(f"--dry-sequence-breaker strings need a tokenizer, and {args.model} has none")
     args.params = sampling_params_from_args(args, vocab if isinstance(vocab, int) else 2**62)
     args.guided = _guided(args, tokenizer)
 

@@ -81,6 +81,7 @@ class TokenUpdate:
     time_s: float = 0.0                     # time.monotonic() on rank 0 when these tokens were ready
     timings: RequestTimings | None = None   # with its first tokens and its finish: where its time went
     prompt_logprobs: list | None = None     # with its first tokens (or its finish): RequestOutput.prompt_logprobs
+    kept_support: list | None = None        # TokenSupport per new token, when the request asked
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class EngineCore:
         now = time.monotonic()
         for req, new in results:
             lps = req.logprobs[len(req.logprobs) - len(new):] if req.logprobs is not None and new else None
+            ks = req.kept_support[len(req.kept_support) - len(new):] if req.kept_support is not None and new else None
             done = req.finish_reason is not None
             if done:
                 del self.live[req.req_id]
@@ -174,7 +176,7 @@ class EngineCore:
                 req.req_id, list(new), lps, req.finish_reason, req.stop_reason,
                 stop_token=done and req.finish_reason == "stop" and bool(new), num_nan_logits=req.num_nan_logits,
                 time_s=now, timings=req.timings(now) if done or first else None,
-                prompt_logprobs=req.prompt_logprobs if first else None))
+                prompt_logprobs=req.prompt_logprobs if first else None, kept_support=ks))
         return updates
 
     def run_once(self, commands: list) -> list:

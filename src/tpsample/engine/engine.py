@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from tpsample.engine.report import EngineInfo, RunStats
-from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob
+from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob, TokenSupport
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.scheduler import Scheduler
 from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel, StepInput
@@ -80,6 +80,7 @@ class Engine:
                       guided=guided, matcher=matcher)
         req.logprobs = [] if params.logprobs is not None else None
         req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        req.kept_support = [] if params.kept_support is not None else None
         self._next_id += 1
         return req
 
@@ -118,7 +119,8 @@ class Engine:
             self.stats.num_draft_tokens += proposed
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
         results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out),
-                                        out.num_nans.tolist(), out.num_fallback.tolist(), prompt_logprobs)
+                                        out.num_nans.tolist(), out.num_fallback.tolist(), prompt_logprobs,
+                                        _supports(step, out))
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
         _stamp_tokens(results, time.monotonic())
         if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
@@ -181,5 +183,20 @@ def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:
     result, row = [], 0
     for i, d in enumerate(drafts):
         result.append(rows[row:row + int(out.num_sampled[i])])
+        row += 1 + len(d)
+    return result
+
+
+def _supports(step: StepInput, out) -> list[list[TokenSupport]] | None:
+    """Per request, the kept support of each emitted token's row (rows as in `_logprobs`)."""
+    ks = out.kept_support
+    if ks is None:
+        return None
+    ids, count, thr, upper = ks.token_ids.tolist(), ks.count.tolist(), ks.threshold.tolist(), ks.upper.tolist()
+    drafts = step.draft_token_ids or [[] for _ in step.sample_req_ids]
+    result, row = [], 0
+    for i, d in enumerate(drafts):
+        result.append([TokenSupport(count[r], thr[r], upper[r], tuple(t for t in ids[r] if t >= 0))
+                       for r in range(row, row + int(out.num_sampled[i]))])
         row += 1 + len(d)
     return result

@@ -22,6 +22,7 @@ class TrackedRequest:
         self.output_token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.kept_support: list | None = [] if params.kept_support is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.num_nan_logits = 0
@@ -48,6 +49,8 @@ class TrackedRequest:
             new.append(token)
             if self.logprobs is not None and upd.logprobs is not None:
                 self.logprobs.append(upd.logprobs[j])
+            if self.kept_support is not None and upd.kept_support is not None:
+                self.kept_support.append(upd.kept_support[j])
             last_stop_token = upd.stop_token and j == len(upd.new_token_ids) - 1
             if self.detok is not None and not (last_stop_token and not self.params.include_stop_str_in_output):
                 num_out = len(self.output_token_ids) + len(new)
@@ -73,7 +76,7 @@ class TrackedRequest:
                              self.finish_reason, self.logprobs,
                              text=self.detok.text if self.detok is not None else None, prompt=self.prompt,
                              stop_reason=self.stop_reason, num_nan_logits=self.num_nan_logits,
-                             prompt_logprobs=self.prompt_logprobs)
+                             prompt_logprobs=self.prompt_logprobs, kept_support=self.kept_support)
 
 
 def run_to_completion(client, tracked: list[TrackedRequest], new_requests: tuple, on_delta=None):

@@ -55,6 +55,16 @@ class TokenLogprob:
     top_logprobs: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class TokenSupport:
+    """The kept support of the row an output token was sampled from (`SamplingParams.kept_support`):
+    how many tokens it kept, their value bounds after the temperature, the most probable ids."""
+    count: int
+    threshold: float
+    upper: float
+    token_ids: tuple[int, ...]
+
+
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
@@ -88,6 +98,7 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
     # predicts it), then the prompt token's logprob and rank given the tokens before it, plus the top-n
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    kept_support: list[TokenSupport] | None = None     # per output token, when asked
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None    # [None] + one per prompt token computed
+    kept_support: list[TokenSupport] | None = None
     num_computed_tokens: int = 0        # tokens whose K/V sit in the cache
     block_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -155,4 +167,5 @@ class Request:
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
                              self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
-                             num_nan_logits=self.num_nan_logits, prompt_logprobs=self.prompt_logprobs)
+                             num_nan_logits=self.num_nan_logits, prompt_logprobs=self.prompt_logprobs,
+                             kept_support=self.kept_support)

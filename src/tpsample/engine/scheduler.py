@@ -188,8 +188,8 @@ class Scheduler:
     # -- results ------------------------------------------------------------------------------
     def update(self, sampled: list[list[int]], num_sampled: list[int],
                logprobs: list[list[TokenLogprob]] | None, num_nans: list[int] | None = None,
-               num_fallback: list[int] | None = None,
-               prompt_logprobs: list[TokenLogprob] | None = None) -> list[tuple[Request, list[int]]]:
+               num_fallback: list[int] | None = None, prompt_logprobs: list[TokenLogprob] | None = None,
+               kept_support: list | None = None) -> list[tuple[Request, list[int]]]:
         """Advance every scheduled request; return (request, new tokens) for those that sampled.
         prompt_logprobs: the step's prompt-logprob rows, in `StepInput.prompt_logprob_index` order."""
         self._add_prompt_logprobs(prompt_logprobs or [])
@@ -207,7 +207,8 @@ class Scheduler:
                 results.append((req, []))
                 i += 1
                 continue
-            new = self._append(req, sampled[i][:n], None if logprobs is None else logprobs[i])
+            new = self._append(req, sampled[i][:n], None if logprobs is None else logprobs[i],
+                               None if kept_support is None else kept_support[i])
             results.append((req, new))
             i += 1
         self._scheduled = []
@@ -222,7 +223,7 @@ class Scheduler:
             first += n
         self._prompt_rows = []
 
-    def _append(self, req: Request, tokens: list[int], logprobs) -> list[int]:
+    def _append(self, req: Request, tokens: list[int], logprobs, supports=None) -> list[int]:
         new = []
         for j, token in enumerate(tokens):
             if req.matcher is not None and not req.matcher.is_terminated() and not req.matcher.accept_token(token):
@@ -237,6 +238,9 @@ class Scheduler:
                 lp = logprobs[j]
                 req.logprobs.append(replace(lp, top_token_ids=lp.top_token_ids[:n],
                                             top_logprobs=lp.top_logprobs[:n]))
+            if req.kept_support is not None and supports is not None:
+                ks = supports[j]        # trimmed to the request's cap, as the logprobs
+                req.kept_support.append(replace(ks, token_ids=ks.token_ids[: req.params.kept_support]))
             reason = self._finish_reason(req, token)
             if reason is not None:
                 self._finish(req, reason)

@@ -10,9 +10,9 @@ own per-request state (per-slot tensors gathered each step, or a batch's paramet
   the other rows, the strategy or TP). Under TP, `logits` is this rank's vocabulary shard and
   `group` the TP group; strategy "replicated", "batch_sharded", "vocab_parallel" or "auto".
 - `verify_drafts`: speculative decoding's verification, as the Sampler does it.
-- `apply_penalties`, `apply_bias`, `apply_bitmask`: the Sampler's processors, column-local.
+- `apply_penalties`, `apply_dry`, `apply_bias`, `apply_bitmask`: the Sampler's processors, column-local.
 - `logprobs`: given tokens' logprobs and ranks and the top-n, no [rows, V] logprob tensor.
-- `torch.ops.tpsample.{sample, apply_penalties, apply_bias, apply_bitmask, logprobs}`: the
+- `torch.ops.tpsample.{sample, apply_penalties, apply_dry, apply_bias, apply_bitmask, logprobs}`: the
   custom ops behind them (fake implementations registered), so a function calling these at
   TP = 1 compiles with `torch.compile(fullgraph=True)` and records into a CUDA graph.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..sampling.output import LogprobsOutput
 from .api import Sampled, Verified, sample, verify_drafts
-from .processors import apply_bias, apply_bitmask, apply_penalties, logprobs
+from .processors import apply_bias, apply_bitmask, apply_dry, apply_penalties, logprobs
 
-__all__ = ["sample", "verify_drafts", "apply_penalties", "apply_bias", "apply_bitmask", "logprobs", "Sampled",
+__all__ = ["sample", "verify_drafts", "apply_penalties", "apply_dry", "apply_bias", "apply_bitmask", "logprobs", "Sampled",
            "Verified", "LogprobsOutput"]

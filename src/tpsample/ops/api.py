@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..params import LOGPROBS_MODES, MAX_LOGPROBS
+from ..params import MAX_LOGPROBS, PROCESSED_MODES
 from ..parallel import names
 from ..parallel.collectives import Collectives
 from ..parallel.group import DEFAULT_TIMEOUT_S, TPGroup
@@ -42,6 +42,7 @@ from .run import choose, sample_tp
 from .table import RowTable, hints_to_bits
 
 MAX_DRAFTS = 63          # per request, as the Sampler's max_num_logits_per_req <= 64
+OPS_LOGPROBS_MODES = ("raw", "processed", "raw_logprobs", "processed_logprobs")
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,10 @@ def _check_common(op: str, strategy, logprobs, logprobs_mode) -> tuple[int, bool
         raise A.fail(op, "strategy", f"one of {names.ALL}", strategy)
     lp = -1 if logprobs is None else A.check_int(op, "logprobs", logprobs, 0, MAX_LOGPROBS,
                                                   f"None or an integer in [0, {MAX_LOGPROBS}]")
-    if logprobs_mode not in LOGPROBS_MODES:
-        raise A.fail(op, "logprobs_mode", f"one of {LOGPROBS_MODES}", logprobs_mode)
-    return lp, logprobs_mode == "processed"
+    if logprobs_mode not in OPS_LOGPROBS_MODES:
+        raise A.fail(op, "logprobs_mode", f"one of {OPS_LOGPROBS_MODES} (the logits and temperature modes are "
+                     "the Sampler's)", logprobs_mode)
+    return lp, logprobs_mode in PROCESSED_MODES
 
 
 def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=None, seeds, positions,
@@ -146,8 +148,8 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
     Python int is taken mod 2**64); positions: int64 >= 0, the absolute position of the token
     being sampled (a request with a prompt of L tokens samples position L + step). Each a scalar
     or a [rows] tensor. logprobs: None, or n: the sampled token's logprob and rank and the top-n
-    ("raw": of the logits as given, after the bitmask; "processed": after temperature and the
-    filters). bitmask: optional int32 [rows, ceil(V/32)] grammar mask (bit = allowed), applied
+    ("raw" / "raw_logprobs": of the logits as given, after the bitmask; "processed" /
+    "processed_logprobs": after temperature and the filters). bitmask: optional int32 [rows, ceil(V/32)] grammar mask (bit = allowed), applied
     as the Sampler applies it (after counting NaNs; the guard keeps to it).
     group: the TP process group (None: TP = 1); then logits are this rank's shard and vocab_size
     is required. strategy: "auto", "replicated", "batch_sharded" or "vocab_parallel" ("auto": the

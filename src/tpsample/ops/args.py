@@ -51,6 +51,10 @@ SPECS = {
                       lambda v: (v >= -PENALTY_BOUND) & (v <= PENALTY_BOUND)),
     "presence": Spec("float", f"in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off)",
                      lambda v: (v >= -PENALTY_BOUND) & (v <= PENALTY_BOUND)),
+    "multiplier": Spec("float", "in [0, 100] (0 = off)", lambda v: (v >= 0) & (v <= 100)),
+    "base": Spec("float", "in [1, 100]", lambda v: (v >= 1) & (v <= 100)),
+    "allowed_length": Spec("int", "in [0, 2**31)", lambda v: (v >= 0) & (v < 2**31)),
+    "penalty_last_n": Spec("int", "-1 (the whole context), 0 (off) or in [1, 2**31)", lambda v: (v >= -1) & (v < 2**31)),
 }
 # what None means for an optional parameter
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition": 1.0, "frequency": 0.0, "presence": 0.0}
@@ -65,6 +69,11 @@ def tracing() -> bool:
 def fail(op: str, name: str, allowed: str, got) -> ValueError:
     text = repr(got)
     return ValueError(f"{op}: {name} must be {allowed}, got {text[:77] + '...' if len(text) > 80 else text}")
+
+
+def is_token_id(t) -> bool:
+    """A Python or numpy integer in [0, 2**31) (not a bool)."""
+    return isinstance(t, numbers.Integral) and not is_bool(t) and 0 <= t < 2**31
 
 
 def is_int_dtype(dtype: torch.dtype) -> bool:

@@ -24,6 +24,7 @@ import torch
 
 from ..numerics import NEG_INF, row_chunks
 from ..sampling import processors as P
+from ..sampling.dry import Dry, dry_penalties
 from ..sampling.logit_bias import LogitBias
 from ..sampling.logprobs import finite_logprobs, row_logprobs
 from ..sampling.penalties import Penalties, PenaltyRows
@@ -85,6 +86,18 @@ def penalties_impl(logits, output_ids, prompt_ids: Optional[torch.Tensor], repet
     pen = PenaltyRows(idx, idx, output_ids.to(dev, torch.int64), prompt, 0 if prompt is None else prompt.shape[1],
                       table, (0, 1, 2))
     Penalties().apply(l, pen, col_start)
+    return l
+
+
+def dry_impl(logits, context, single, multi, multiplier, base, allowed, last_n, max_exp, col_start: int) -> torch.Tensor:
+    l = fp32_copy(logits)
+    dev = l.device
+    ctx = context.to(dev, torch.int64)
+    none = ctx.new_zeros(ctx.shape[0])
+    tokens, values = dry_penalties(ctx, ctx.new_zeros((ctx.shape[0], 0)), none,
+                                   (single.to(dev, torch.int64), multi.to(dev, torch.int64)), last_n.to(dev),
+                                   allowed.to(dev), max_exp.to(dev), multiplier.to(dev), base.to(dev))
+    Dry().apply(l, PaddedRows(torch.arange(l.shape[0], device=dev), tokens, values), col_start)
     return l
 
 

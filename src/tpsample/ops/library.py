@@ -1,7 +1,7 @@
 """The ops as torch.library custom ops, with fake (meta) implementations.
 
 Registered when `tpsample.ops` is imported: `torch.ops.tpsample.sample`, `apply_penalties`,
-`apply_bias`, `apply_bitmask` and `logprobs`. Their schemas hold tensors and scalars only, so
+`apply_dry`, `apply_bias`, `apply_bitmask` and `logprobs`. Their schemas hold tensors and scalars only, so
 torch.compile traces a call as one opaque node (`fullgraph=True` holds) and a CUDA graph
 records the kernels it launches. The fake implementations give each output's shape and dtype
 from the inputs' alone (nothing data-dependent: the logprob width is an int argument).
@@ -55,6 +55,17 @@ def apply_penalties(logits: Tensor, output_ids: Tensor, prompt_ids: Optional[Ten
 
 @apply_penalties.register_fake
 def _(logits, output_ids, prompt_ids, repetition, frequency, presence, col_start):
+    return _fp32_like(logits)
+
+
+@torch.library.custom_op("tpsample::apply_dry", mutates_args=())
+def apply_dry(logits: Tensor, context: Tensor, single: Tensor, multi: Tensor, multiplier: Tensor, base: Tensor,
+              allowed: Tensor, last_n: Tensor, max_exp: Tensor, col_start: int) -> Tensor:
+    return impl.dry_impl(logits, context, single, multi, multiplier, base, allowed, last_n, max_exp, col_start)
+
+
+@apply_dry.register_fake
+def _(logits, context, single, multi, multiplier, base, allowed, last_n, max_exp, col_start):
     return _fp32_like(logits)
 
 

@@ -1,4 +1,5 @@
-"""Logits processors and logprobs an engine may call on their own (docs/semantics.md steps 2-5, 11).
+"""Logits processors and logprobs an engine may call on their own (docs/semantics.md steps 2-5, 11):
+`apply_penalties`, `apply_dry`, `apply_bias`, `apply_bitmask`, `logprobs`.
 
 Contract:
 - in: logits `[rows, cols]` (any float dtype) holding vocabulary columns
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..parallel.collectives import Collectives
 from ..parallel.shard import vocab_shard
 from ..parallel.strategies import ShardReducer
+from ..params import MAX_DRY_BREAKER_LEN
+from ..sampling.dry import FLOAT_MAX_LOG, max_exponent
 from ..sampling.output import LogprobsOutput
 from . import args as A
 from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
@@ -59,6 +63,56 @@ def apply_penalties(logits: torch.Tensor, *, output_token_ids: torch.Tensor,
     f, _ = A.per_row(op, "frequency", frequency, rows, dev)
     p, _ = A.per_row(op, "presence", presence, rows, dev)
     return torch.ops.tpsample.apply_penalties(logits, out, prompt, r, f, p, _col_start(op, col_start))
+
+
+def apply_dry(logits: torch.Tensor, context_token_ids: torch.Tensor, *, multiplier=0.8, base=1.75,
+              allowed_length=2, penalty_last_n=-1, sequence_breakers=None, col_start: int = 0) -> torch.Tensor:
+    """llama.cpp's DRY (`llama_sampler_dry_apply`, docs/semantics.md step 4): each token that would
+    extend a repeat of the context's suffix of at least `allowed_length` tokens (within the last
+    `penalty_last_n`, -1: all; cut at the most recent sequence breaker) gets
+    `l -= multiplier * base ** (length - allowed_length)` (the exponent capped as llama.cpp caps it).
+
+    context_token_ids: [rows, C] each row's context, oldest first (the prompt, the outputs, the
+    drafts before the row), then -1 padding. multiplier in [0, 100] (0 = off), base in [1, 100],
+    allowed_length in [0, 2**31), penalty_last_n -1, 0 (off) or >= 1: scalars or [rows] tensors.
+    sequence_breakers: token id sequences (a head and up to 20 more tokens), the same for every
+    row; a one-token breaker is never penalised."""
+    op = "tpsample.ops.apply_dry"
+    rows, _ = A.check_logits(op, logits)
+    ctx = _ids(op, "context_token_ids", context_token_ids, rows)
+    dev = logits.device
+    named = {name: A.per_row(op, name, value, rows, dev) for name, value in (
+        ("multiplier", multiplier), ("base", base), ("allowed_length", allowed_length),
+        ("penalty_last_n", penalty_last_n))}
+    single, multi = _breakers(op, sequence_breakers, rows, dev)
+    base_t, base_host = named["base"]
+    if base_host is not None:
+        caps = {b: max_exponent(b) for b in np.unique(base_host).tolist()}
+        max_exp = torch.tensor([caps[b] for b in base_host.tolist()], dtype=torch.int64, device=dev)
+    else:
+        ratio = torch.log(base_t).reciprocal_().mul_(float(FLOAT_MAX_LOG))
+        max_exp = torch.where(base_t > float(np.float32(1.000001)), ratio, 0).to(torch.int64)
+    return torch.ops.tpsample.apply_dry(logits, ctx, single, multi, named["multiplier"][0], base_t,
+                                        named["allowed_length"][0], named["penalty_last_n"][0], max_exp,
+                                        _col_start(op, col_start))
+
+
+def _breakers(op: str, breakers, rows: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-token breakers [rows, S], longer ones [rows, B * MAX_DRY_BREAKER_LEN]), -1 padded."""
+    allowed = f"None or a list of token id sequences of 1 to {MAX_DRY_BREAKER_LEN} ids"
+    breakers = [] if breakers is None else breakers
+    if not isinstance(breakers, (list, tuple)):
+        raise A.fail(op, "sequence_breakers", allowed, breakers)
+    seqs = []
+    for w in breakers:
+        w = list(w) if isinstance(w, (list, tuple)) else [w]
+        if not 1 <= len(w) <= MAX_DRY_BREAKER_LEN or not all(A.is_token_id(t) for t in w):
+            raise A.fail(op, "sequence_breakers", allowed, w)
+        seqs.append(w)
+    single = sorted({w[0] for w in seqs if len(w) == 1})
+    multi = [t for w in seqs if len(w) > 1 for t in w + [-1] * (MAX_DRY_BREAKER_LEN - len(w))]
+    as_rows = lambda ids: torch.tensor(ids, dtype=torch.int64).reshape(1, -1).expand(rows, -1).to(dev)  # noqa: E731
+    return as_rows(single), as_rows(multi)
 
 
 def apply_bias(logits: torch.Tensor, token_ids: torch.Tensor, values: torch.Tensor, *,

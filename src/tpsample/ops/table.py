@@ -100,8 +100,12 @@ class RowTable:
 
 
 def _stack(columns: dict, values: dict) -> torch.Tensor:
-    """[len(columns), n] the named rows in the layout's order (every column given)."""
-    return torch.stack([values[name] for name in sorted(columns, key=columns.get)])
+    """[len(columns), n] the named rows in the layout's order; a column not given holds its "off"
+    value (the Sampler-only filters: the ops do not take them)."""
+    like = next(iter(values.values()))
+    fill = dict(zip(LAYOUT.f32, LAYOUT.f32_fill)) | dict(zip(LAYOUT.i64, LAYOUT.i64_fill))
+    return torch.stack([values[name] if name in values else torch.full_like(like, fill[name])
+                        for name in sorted(columns, key=columns.get)])
 
 
 def _rows(mask: np.ndarray, device) -> Optional[torch.Tensor]:

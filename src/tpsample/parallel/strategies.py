@@ -18,6 +18,8 @@ into the step's per-request block and logprobs, identical on every rank and in b
 - `VocabParallel`: before, nothing (the shard is the rank's part of every row, reduced through
   `ShardReducer`'s collectives inside the recipe's rounds: O(rows x TP x small) values a round);
   after, nothing to exchange. No rank ever holds a full row. At TP = 1 the shard is the full row.
+Kept supports (RL sampling masks) follow the logprobs: `kept_support` is the rows' own under
+replicated and vocab_parallel, and one more packed all-gather under batch_sharded.
 Every strategy gives the same tokens, because every reduction is order-independent. Never
 imports model or engine code.
 """
@@ -30,8 +32,8 @@ import numpy as np
 import torch
 
 from ..sampling.logprobs import padded_logprobs
-from ..sampling.output import LogprobsOutput
-from ..sampling.recipe import RowResult, SampleArgs
+from ..sampling.output import KeptSupport, LogprobsOutput
+from ..sampling.recipe import RowResult, SampleArgs, padded_support
 from ..sampling.reducer import LocalRows, best_of_parts
 from ..state.store import RequestStore
 from .collectives import Collectives
@@ -90,7 +92,14 @@ class ShardReducer:
         return best_of_parts(parts[:, :, 0].to(values.dtype), parts[:, :, 1].to(torch.int64))
 
 
-class Replicated:
+class _Strategy:
+    def kept_support(self, res: RowResult, plan: SamplingPlan, step: Step) -> Optional[KeptSupport]:
+        """Every row's kept support in batch order, identical on every rank (None: no request asked)."""
+        width = support_width(plan, step)
+        return None if width < 0 else KeptSupport(*padded_support(res, res.emitted.shape[0], width, res.emitted.device))
+
+
+class Replicated(_Strategy):
     name = "replicated"
     by_owner = False
 
@@ -105,7 +114,7 @@ class Replicated:
         return request_results(res, plan, None)
 
 
-class BatchSharded:
+class BatchSharded(_Strategy):
     name = "batch_sharded"
     by_owner = True                    # rows travel owner by owner (plan.logits_order)
 
@@ -133,8 +142,22 @@ class BatchSharded:
                                                                                    block.device))
         return out, None if lp is None else _gather_logprobs(lp, plan, comm)
 
+    def kept_support(self, res: RowResult, plan: SamplingPlan, step: Step) -> Optional[KeptSupport]:
+        """One packed all-gather of every rank's rows (ids, count, bounds' fp32 bits), batch order."""
+        own = super().kept_support(res, plan, step)
+        if own is None or step.comm.size == 1:
+            return own
+        w = own.token_ids.shape[1]
+        bits = torch.stack([own.threshold, own.upper], dim=1).view(torch.int32).to(torch.int64)
+        packed = torch.cat([own.token_ids, own.count.unsqueeze(1), bits], dim=1)
+        g = step.comm.all_gather(_pad_rows(packed, max(plan.rows_per_rank)))       # [tp, max_rows_own, w + 3]
+        g = g.reshape(-1, w + 3).index_select(0, plan.device_array("lp_gather", _lp_index(plan), g.device))
+        bounds = g[:, w + 1:].to(torch.int32).view(torch.float32)
+        return KeptSupport(g[:, :w].contiguous(), g[:, w].contiguous(), bounds[:, 0].contiguous(),
+                           bounds[:, 1].contiguous())
 
-class VocabParallel:
+
+class VocabParallel(_Strategy):
     name = "vocab_parallel"
     by_owner = False
 
@@ -227,6 +250,13 @@ def assemble(emitted: torch.Tensor, accepted: torch.Tensor, fallback: torch.Tens
     nans = (num_nans[idx] * valid).sum(dim=1)
     fb = (fallback[idx] & emit).sum(dim=1)
     return torch.cat([tokens, torch.stack([k + 1, layout.num_rows - 1 - k, nans, fb], dim=1)], dim=1)
+
+
+def support_width(plan: SamplingPlan, step: Step) -> int:
+    """The most kept ids any request of the plan asks for (-1: none asks), from the host tables."""
+    store = step.store
+    caps = store.i64.host[store.layout.i64["kept_cap"], plan.slots]
+    return int(caps.max()) if len(caps) else -1
 
 
 def _gather_vocab(x: torch.Tensor, step: Step) -> torch.Tensor:

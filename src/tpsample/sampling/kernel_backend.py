@@ -130,6 +130,11 @@ class KernelSteps:
         return _raw_logprobs(l_raw, emitted, b, a.col_start)
 
 
+    def support(self, st: _Step, emitted: torch.Tensor):
+        """No kept support here: rows asking for one are the torch backend's (`recipe._slow_rows`)."""
+        return None
+
+
 KERNELS = KernelSteps()
 
 

@@ -57,11 +57,13 @@ def sort_value_desc_id_asc(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch
     return vals.gather(1, by_val), ids.gather(1, by_val)
 
 
-def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: int, red):
+def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: int, red, as_logits=None):
     """(ids [rows, 1+n], logprobs [rows, 1+n] fp32, ranks [rows]) for chosen tokens of rows l.
 
     Two reducer calls: one gather of each part's (max, sum-exp relative to it, value of the
     chosen token, top-n values and ids), then one sum of the strictly-greater counts.
+    as_logits: optional [rows] bool: those rows give the values of l themselves (vLLM's
+    "*_logits" modes; the same ids and ranks), not their log-softmax.
     """
     rows, cols = l.shape
     m = l.amax(dim=1) if cols else torch.full((rows,), NEG_INF, device=l.device)
@@ -83,6 +85,8 @@ def row_logprobs(l: torch.Tensor, tokens: torch.Tensor, n_top: int, col_start: i
     top_v, top_i = sort_value_desc_id_asc(top_v, top_i)
     top_v, top_i = top_v[:, :n_top], top_i[:, :n_top]
     ids = torch.cat([tokens.unsqueeze(1), top_i], dim=1)
+    if as_logits is not None:
+        lse = torch.where(as_logits, torch.zeros_like(lse), lse)
     return ids, finite_logprobs(ids, torch.cat([vx.unsqueeze(1), top_v], dim=1), lse), rank
 
 

@@ -35,6 +35,17 @@ class LogprobsOutput:
     ranks: torch.Tensor         # [rows] int64: rank of the sampled token (1 = most likely)
 
 
+@dataclass
+class KeptSupport:
+    """Each row's kept support (what it could have sampled: the tokens kept by steps 7-9 and XTC;
+    a greedy row: its token), for RL trainers' sampling masks. A token t is kept iff its value
+    v in the row after the temperature (steps 1-6) is finite and threshold <= v <= upper."""
+    token_ids: torch.Tensor     # [rows, cap] int64: kept tokens, most probable first (ties -> lower id), -1 pad
+    count: torch.Tensor         # [rows] int64: how many tokens were kept (-1: the request did not ask)
+    threshold: torch.Tensor     # [rows] fp32: the kept set's lower bound (min-p, top-n-sigma, top-k, top-p)
+    upper: torch.Tensor         # [rows] fp32: its upper bound (+inf unless XTC removed the top tokens)
+
+
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
@@ -46,9 +57,10 @@ class HostLayout:
     place. `pack` gives the flat bytes on the device (a view of the block when it is alone and
     contiguous: no kernel); `unpack` gives numpy views of a host copy of those bytes."""
 
-    def __init__(self, block: torch.Tensor, logprobs: Optional[LogprobsOutput]):
+    def __init__(self, block: torch.Tensor, logprobs: Optional[LogprobsOutput], support: Optional[KeptSupport] = None):
         self.parts, at, last = [], 0, 8
-        for t in _parts(block, logprobs):
+        self.has = (logprobs is not None, support is not None)
+        for t in _parts(block, logprobs, support):
             size = t.element_size()
             if size > last or t.dtype not in _NUMPY:
                 raise ValueError(f"result tensors: int64 / int32 / fp32, largest first, got {t.dtype} after "
@@ -62,18 +74,31 @@ class HostLayout:
         return HostLayout(block, logprobs).parts == self.parts
 
     @staticmethod
-    def pack(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> torch.Tensor:
+    def pack(block: torch.Tensor, logprobs: Optional[LogprobsOutput], support: Optional[KeptSupport] = None
+             ) -> torch.Tensor:
         """[nbytes] uint8 on the results' device."""
-        parts = [_bytes(t) for t in _parts(block, logprobs)]
+        parts = [_bytes(t) for t in _parts(block, logprobs, support)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def unpack(self, host: np.ndarray) -> tuple[np.ndarray, Optional[LogprobsOutput]]:
         """(block numpy, logprobs as CPU tensors or None): views of `host`, the packed bytes."""
+        return self.unpack_all(host)[:2]
+
+    def unpack_all(self, host: np.ndarray) -> tuple[np.ndarray, Optional[LogprobsOutput], Optional[KeptSupport]]:
+        """(block numpy, logprobs and kept supports as CPU tensors or None): views of `host`."""
         views = [host[a:b].view(dtype).reshape(shape) for a, b, dtype, shape in self.parts]
-        if len(views) == 1:
-            return views[0], None
-        ids, ranks, vals = (torch.from_numpy(v) for v in views[1:])
-        return views[0], LogprobsOutput(ids, vals, ranks)
+        block, rest = views[0], [torch.from_numpy(v) for v in views[1:]]
+        has_lp, has_support = self.has
+        lp = support = None
+        if has_lp:       # int64 parts first, then fp32 (see _parts)
+            lp_ids, lp_ranks = rest.pop(0), rest.pop(0)
+        if has_support:
+            s_ids, s_count = rest.pop(0), rest.pop(0)
+        if has_lp:
+            lp = LogprobsOutput(lp_ids, rest.pop(0), lp_ranks)
+        if has_support:
+            support = KeptSupport(s_ids, s_count, rest.pop(0), rest.pop(0))
+        return block, lp, support
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -87,8 +112,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def _parts(block: torch.Tensor, logprobs: Optional[LogprobsOutput]) -> tuple:
-    return (block,) if logprobs is None else (block, logprobs.token_ids, logprobs.ranks, logprobs.logprobs)
+def _parts(block: torch.Tensor, logprobs: Optional[LogprobsOutput], support: Optional[KeptSupport] = None) -> tuple:
+    """The result tensors, 8-byte elements first: block, logprob ids and ranks, support ids and
+    counts, then logprob values, support thresholds and upper bounds (what is there)."""
+    lp = () if logprobs is None else (logprobs.token_ids, logprobs.ranks)
+    ks = () if support is None else (support.token_ids, support.count)
+    lp4 = () if logprobs is None else (logprobs.logprobs,)
+    ks4 = () if support is None else (support.threshold, support.upper)
+    return (block, *lp, *ks, *lp4, *ks4)
 
 
 class SamplerOutput:
@@ -96,21 +127,24 @@ class SamplerOutput:
 
     sampled_token_ids [num_reqs, max_rows] int64 (-1 = padding), num_sampled / num_rejected /
     num_nans / num_fallback [num_reqs] int64, logprobs (LogprobsOutput, rows in batch order) or
-    None. These host tensors are ready on first access (a wait for the step's one copy); on a
+    None, kept_support (KeptSupport, rows in batch order) or None. These host tensors are ready on first access (a wait for the step's one copy); on a
     device they are this output's own copy: no later step or replay changes them.
     """
 
-    def __init__(self, block: torch.Tensor, max_rows: int, logprobs: Optional[LogprobsOutput] = None):
-        self._setup(block, max_rows, logprobs)
+    def __init__(self, block: torch.Tensor, max_rows: int, logprobs: Optional[LogprobsOutput] = None,
+                 kept_support: Optional[KeptSupport] = None):
+        self._setup(block, max_rows, logprobs, kept_support)
         if block.is_cuda:
             self._start_copy()
 
-    def _setup(self, block, max_rows, logprobs) -> None:
+    def _setup(self, block, max_rows, logprobs, kept_support=None) -> None:
         self.device_block = block                          # [num_reqs, max_rows + 4] int64
         self.max_rows = max_rows
         self.device_logprobs = logprobs
+        self.device_kept_support = kept_support            # rows in batch order, like logprobs
         self._np: Optional[np.ndarray] = None              # the host block, once there
         self._host_lp: Optional[LogprobsOutput] = None
+        self._host_support: Optional[KeptSupport] = None
         self._host: Optional[tuple] = None                 # the host fields, built on first access
         self._ready: Optional[torch.cuda.Event] = None     # the copy this output waits for
         self._pending: Optional[tuple] = None              # (layout, host bytes, device bytes) of that copy
@@ -127,8 +161,8 @@ class SamplerOutput:
 
     def _start_copy(self) -> None:
         """Eager: one non-blocking copy of every result into a fresh (pinned, on CUDA) host buffer."""
-        layout = HostLayout(self.device_block, self.device_logprobs)
-        self._copy_out(layout, layout.pack(self.device_block, self.device_logprobs))
+        layout = HostLayout(self.device_block, self.device_logprobs, self.device_kept_support)
+        self._copy_out(layout, layout.pack(self.device_block, self.device_logprobs, self.device_kept_support))
 
     def _copy_out(self, layout: HostLayout, flat: torch.Tensor) -> None:
         cuda = flat.is_cuda
@@ -166,10 +200,11 @@ class SamplerOutput:
                 if self._ready is not None:
                     self._ready.synchronize()
                 layout, host, _ = self._pending
-                self._np, self._host_lp = layout.unpack(host.numpy())
+                self._np, self._host_lp, self._host_support = layout.unpack_all(host.numpy())
                 self._pending = None
             else:                               # CPU: the device tensors are host tensors
                 self._np, self._host_lp = self.device_block.numpy(), self.device_logprobs
+                self._host_support = self.device_kept_support
         return self._np
 
     def _materialise(self) -> tuple:
@@ -202,6 +237,12 @@ class SamplerOutput:
     def logprobs(self) -> Optional[LogprobsOutput]:
         self._host_block()          # no tensor views of the block: reading this costs no torch op
         return self._host_lp
+
+    @property
+    def kept_support(self) -> Optional[KeptSupport]:
+        """Each row's kept support (rows in batch order), or None when no request asked."""
+        self._host_block()
+        return self._host_support
 
     @property
     def device_sampled_token_ids(self) -> torch.Tensor:

@@ -26,13 +26,14 @@ import torch
 from ..numerics import NEG_INF
 from .allowed import AllowedIds
 from .bad_words import BadWords
+from .dry import Dry
 from .keys import mask_nans_kernel
 from .logit_bias import LogitBias
 from .min_tokens import MinTokens
 from .penalties import Penalties
 from .scatter import keep_bits
 
-PROCESSORS = (AllowedIds(), LogitBias(), MinTokens(), BadWords(), Penalties())
+PROCESSORS = (AllowedIds(), LogitBias(), MinTokens(), BadWords(), Penalties(), Dry())
 
 
 def apply_processors(l: torch.Tensor, b, col_start: int) -> None:

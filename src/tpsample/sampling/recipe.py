@@ -7,13 +7,16 @@
     guard     12    the emitted token of every row: the draw, or the raw argmax where nothing
                     finite was kept; rows that verify a draft token accept or replace it
     logprobs  11    the sampled token's logprob and rank and the top-n, when a row asks
+    support         the kept support (bounds, count, ids), when a row asks (RL sampling masks)
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  that verify drafts or want processed logprobs are sampled by the torch backend on a copy of
-  just those rows, and their results replace the kernels' for them;
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, top-n-sigma, XTC, other
+  logprob values, a kept support) are sampled
+  by the torch backend on a copy of just those rows, and their results replace the kernels' for
+  them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
-  without drafts;
+  without drafts, XTC, other logprob values or a kept support;
 - `torch_backend.TORCH`: torch ops on full rows or a shard (through the reducer): every other
   case, and the reference the other two are tested against.
 Every backend gives the same tokens for the same rows. Backends only run their steps and
@@ -27,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..numerics import NEG_INF
 from ..state.rows import RowBatch
 from .kernel_backend import KERNELS, kernels_apply
 from .logprobs import empty_logprobs, put_logprobs
@@ -72,6 +76,7 @@ class RowResult:
     block: Optional[torch.Tensor] = None     # [rows, 5] packed by the kernels (one row per request, no
                                              # drafts): emitted, num_nans and fallback are views into it
     exact_rows: int = 0                      # rows that took vocab-parallel's exact top-p path
+    support: Optional[tuple] = None          # (ids [rows, cap], count, threshold, upper): kept supports
 
 
 def sample_rows(a: SampleArgs, *, backend=None) -> RowResult:
@@ -89,6 +94,8 @@ def sample_rows(a: SampleArgs, *, backend=None) -> RowResult:
     out = RowResult(emitted, accepted, fallback, num_nans, block=block)
     if a.batch.logprobs_max >= 0:
         out.lp_ids, out.lp_vals, out.lp_ranks = backend.logprobs(st, out.emitted)   # 11
+    if a.batch.kept_cap_max >= 0:
+        out.support = backend.support(st, out.emitted)                # the kept supports asked for
     out.exact_rows = st.exact_rows
     return out
 
@@ -98,16 +105,19 @@ def _backend(a: SampleArgs):
     full = isinstance(a.red, LocalRows)
     if full and kernels_apply(a.x):
         return None if len(_slow_rows(a.batch.host)) or a.draft_probs is not None else KERNELS
-    if not full and not (a.batch.drafts_any or a.draft_probs is not None):
+    if not full and not (a.batch.drafts_any or a.draft_probs is not None or a.batch.torch_only_any):
         return ROUNDS
     return TORCH
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs (once per rows)."""
+    """Rows the kernels do not finish: draft verification, processed logprobs, top-n-sigma, XTC,
+    logprob values other than the raw log-softmax, a kept support (found once per set of rows)."""
     got = host.memo.get("slow")
     if got is None:
-        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed))
+        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed)
+                                                 | host.uses("top_n_sigma") | host.uses("xtc_probability")
+                                                 | host.beyond_logprobs())
     return got
 
 
@@ -128,4 +138,26 @@ def _kernels_then_torch(a: SampleArgs) -> RowResult:
                 res.lp_ids, res.lp_vals, res.lp_ranks = empty_logprobs(res.emitted.shape[0],
                                                                        1 + a.batch.logprobs_max, a.x.device)
             put_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), idx, (part.lp_ids, part.lp_vals, part.lp_ranks))
+        if part.support is not None:     # the kernels compute none: only slow rows ask
+            res.support = empty_support(res.emitted.shape[0], part.support[0].shape[1], a.x.device)
+            for dst, src in zip(res.support, part.support):
+                dst[idx] = src
     return res
+
+
+def empty_support(rows: int, width: int, device) -> tuple:
+    """(ids [rows, width] -1, count [rows] -1, threshold -inf, upper +inf): rows without a kept support."""
+    return (torch.full((rows, width), -1, dtype=torch.int64, device=device),
+            torch.full((rows,), -1, dtype=torch.int64, device=device),
+            torch.full((rows,), NEG_INF, device=device), torch.full((rows,), float("inf"), device=device))
+
+
+def padded_support(res: RowResult, rows: int, width: int, device) -> tuple:
+    """The result's kept supports with `width` id columns (rows without one: empty)."""
+    out = empty_support(rows, width, device)
+    if res.support is not None:
+        ids, *rest = res.support
+        out[0][:, : ids.shape[1]] = ids
+        for dst, src in zip(out[1:], rest):
+            dst.copy_(src)
+    return out

@@ -21,13 +21,17 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
+from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
 from .logprobs import blank_unasked, empty_logprobs, put_logprobs, row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
+from .support import kept_support
 from .thresholds import min_p_threshold, top_k_threshold, top_p_threshold
+from .top_n_sigma import top_n_sigma_threshold
+from .xtc import xtc_upper_bound
 
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
@@ -41,6 +45,7 @@ class _Step:
     def __init__(self, a, f: Front):
         self.a, self.f = a, f
         self.drawn = None                   # local (max, id) of l + noise over the kept entries
+        self.bounds = None                  # (threshold, upper) of the kept values, once drawn
 
 
 class TorchSteps:
@@ -57,8 +62,13 @@ class TorchSteps:
             return
         P.apply_temperature(l, b.temperature)                             # 6
         thr = _thresholds(l, b, a.red)                                    # 7-9
+        upper = xtc_upper_bound(l, thr, b, a.red) if b.xtc_any else None  # 9: XTC
+        st.bounds = (thr, upper if upper is not None else torch.full_like(thr, float("inf")))
         for s, t in row_chunks(b.num_rows, l.shape[1], l.device):
-            l[s:t].masked_fill_(l[s:t] < thr[s:t].unsqueeze(1), NEG_INF)
+            drop = l[s:t] < thr[s:t].unsqueeze(1)
+            if upper is not None:
+                drop |= l[s:t] > upper[s:t].unsqueeze(1)
+            l[s:t].masked_fill_(drop, NEG_INF)
         none = torch.full_like(thr, NEG_INF)
         st.drawn = local_gumbel_draw(l, none, b.seeds, b.positions, a.col_start)          # 10
 
@@ -82,6 +92,10 @@ class TorchSteps:
     def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:
         a = st.a
         return _logprobs(emitted, st.f.l, st.f.raw, a.batch, a.col_start, a.red)     # 11
+
+    def support(self, st: _Step, emitted: torch.Tensor) -> tuple:
+        a = st.a
+        return kept_support(st.f.l, st.bounds, emitted, a.batch, a.col_start, a.red)
 
 
 TORCH = TorchSteps()
@@ -122,8 +136,11 @@ def note_memory(meter, f: Front) -> None:
 
 
 def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:
-    """min-p, top-k, top-p as one threshold per row (min-p and top-k commute: both keep a top set)."""
+    """min-p, top-n-sigma, top-k, top-p as one threshold per row (the first three are computed on
+    the same row and commute: each keeps a top set of it; top-p then walks the kept tokens)."""
     thr = torch.full((b.num_rows,), NEG_INF, device=l.device)
+    if b.sigma_any:
+        thr = top_n_sigma_threshold(l, b.top_n_sigma, red, b.vocab_size)
     cand = None
     if b.top_k_max > 0:
         thr_k, cand = top_k_threshold(l, b.top_k, b.top_k_max, red)
@@ -151,6 +168,14 @@ def _logprobs(emitted: torch.Tensor, l: torch.Tensor, raw, b: RowBatch, col_star
         parts.append((raw[0], raw[1]))
     if b.lp_proc_rows is not None:
         parts.append((b.lp_proc_rows, l.index_select(0, b.lp_proc_rows)))
+    kind = b.column("lp_kind").to(l.device) if b.host.beyond_logprobs().any() else None
     for rows, block in parts:
-        put_logprobs(out, rows, row_logprobs(block, emitted[rows], n, col_start, red))
+        as_logits = None
+        if kind is not None:        # temperature_logprobs: the raw row / T (greedy: T = 1); *_logits: values
+            k = kind.index_select(0, rows)
+            t = b.temperature.to(l.device).index_select(0, rows)
+            scale = torch.where((k == LP_TEMPERATURE) & (t > 0), t, torch.ones_like(t))
+            block = block / scale.unsqueeze(1)
+            as_logits = k == LP_LOGITS
+        put_logprobs(out, rows, row_logprobs(block, emitted[rows], n, col_start, red, as_logits))
     return blank_unasked(out, b.num_logprobs)

@@ -26,6 +26,7 @@ import anyio
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from tpsample.engine.breakers import with_token_breakers
 from tpsample.engine.prompts import chat_prompts, normalize_prompts
 from tpsample.serve import protocol as P
 from tpsample.serve import sampling as S
@@ -97,6 +98,7 @@ class Preparer:
         if kind == "generate" and sampling.stop and not sampling.detokenize:
             raise ValueError("stop strings need detokenize=true; use stop_token_ids")
         params = S.sampling_params(sampling, num_max_tokens, defaults, self.tokenizer)
+        params = [with_token_breakers(p, self.tokenizer) for p in params]      # DRY breaker strings -> ids
         echo = self._echo_text(req, texts[0], prompt_ids, ids[0]) if getattr(req, "echo", False) else None
         return Prepared(req, prompt_ids, texts[0] if prompt_ids == ids[0] else None, params,
                         S.guided_decoding(sampling), echo, echo_only=echo is not None and num_max_tokens == 0,

@@ -114,6 +114,15 @@ def prompt_logprobs(tt: TokenText, lps: list | None) -> list | None:
     return out
 
 
+def kept_support_json(supports) -> list[dict] | None:
+    """Per token its kept support (count, bounds, ids); a bound that is not finite is null."""
+    if supports is None:
+        return None
+    bound = lambda v: v if math.isfinite(v) else None  # noqa: E731
+    return [{"count": s.count, "threshold": bound(s.threshold), "upper": bound(s.upper),
+             "token_ids": list(s.token_ids)} for s in supports]
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}

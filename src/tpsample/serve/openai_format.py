@@ -21,6 +21,7 @@ from tpsample.serve.logprobs_format import (
     completion_logprobs,
     echo_logprobs,
     join_logprobs,
+    kept_support_json,
     prompt_logprobs,
     usage,
 )
@@ -84,6 +85,8 @@ class Formatter:
                     choice["prompt_logprobs"] = prompt_logprobs(self.tt, tracked[0].prompt_logprobs)
             if self.return_token_ids:
                 choice["token_ids"] = out.output_token_ids
+            if out.kept_support is not None:
+                choice["kept_support"] = kept_support_json(out.kept_support)
             choices.append(choice)
         body = {**self._head(False), "choices": choices,
                 "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
@@ -108,8 +111,9 @@ class Formatter:
         there is nothing to say (text held back: a character split across tokens)."""
         new = len(delta.new_token_ids)
         lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        ks = t.kept_support[len(t.kept_support) - new:] if t.kept_support is not None else None
         self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
-        if not delta.text and not delta.finished and lps is None and not self.return_token_ids \
+        if not delta.text and not delta.finished and lps is None and ks is None and not self.return_token_ids \
                 and not (self.kind == "completion" and self.job.echo and t.index not in self._echoed):
             return None
         choice = {"logprobs": self._logprobs(t.index, lps, t.prompt_logprobs)}
@@ -121,6 +125,8 @@ class Formatter:
             choice["finish_reason"], choice["stop_reason"] = delta.finish_reason, delta.stop_reason
         if self.return_token_ids:
             choice["token_ids"] = list(delta.new_token_ids)
+        if ks is not None:
+            choice["kept_support"] = kept_support_json(ks)
         return self._chunk(t.index, choice)
 
     def _chunk(self, index: int, fields: dict) -> dict:

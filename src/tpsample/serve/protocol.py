@@ -135,6 +135,19 @@ class _Sampling(_Model):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     structured_outputs: StructuredOutputs | None = None
+    # llama.cpp's samplers, by llama.cpp's names (DRY breakers as strings, mapped with the tokenizer)
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    top_n_sigma: float | None = None
+    # for RL: which logprob values (vLLM's names; vLLM takes it per engine, here per request), and
+    # each sampled token's kept support with up to this many ids
+    logprobs_mode: str | None = None
+    kept_support: int | None = None
 
     @model_validator(mode="after")
     def _check_streaming(self):

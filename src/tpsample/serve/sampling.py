@@ -19,6 +19,9 @@ MAX_N = 16
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 LOGIT_BIAS_BOUND = 100.0            # vLLM clamps biases to [-100, 100]
 # OpenAI's defaults, where neither the request nor the generation config sets a field
+# the samplers' fields a request passes on as they are (SamplingParams checks them)
+SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+                  "xtc_threshold", "xtc_probability", "top_n_sigma", "logprobs_mode", "kept_support")
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
@@ -172,6 +175,7 @@ def sampling_params(req, num_max_tokens: int, defaults: dict, tokenizer) -> list
                 max_tokens=max(1, num_max_tokens), stop=req.stop or None,
                 include_stop_str_in_output=bool(req.include_stop_str_in_output),
                 allowed_token_ids=req.allowed_token_ids, bad_words_token_ids=bad_words(req.bad_words, tokenizer))
+    base.update({name: getattr(req, name) for name in SAMPLER_FIELDS if getattr(req, name) is not None})
     first_prompt_logprobs, echo = prompt_logprobs(req), bool(getattr(req, "echo", False))
     return [tpsample.SamplingParams(**base, seed=None if req.seed is None else req.seed + i,
                                     prompt_logprobs=first_prompt_logprobs if i == 0 or echo else None)

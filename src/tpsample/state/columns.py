@@ -12,8 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # name -> the value a slot holds when its request does not set it
-CORE_F32 = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
-CORE_I64 = {"seed": 0, "top_k": 0, "prompt_len": 0, "num_logprobs": -1, "processed": 0, "flags": 0}
+CORE_F32 = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "top_n_sigma": 0.0, "xtc_threshold": 0.1,
+            "xtc_probability": 0.0}
+# lp_kind: what logprob values a row returns (LP_KINDS); kept_cap: -1, or how many kept ids its
+# kept support lists
+CORE_I64 = {"seed": 0, "top_k": 0, "prompt_len": 0, "num_logprobs": -1, "processed": 0, "flags": 0, "lp_kind": 0,
+            "kept_cap": -1}
+LP_LOGPROBS, LP_LOGITS, LP_TEMPERATURE = 0, 1, 2      # log-softmax of the row; its values; log-softmax of raw / T
 
 
 @dataclass(frozen=True)

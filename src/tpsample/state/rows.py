@@ -48,7 +48,27 @@ class HostRows:
     num_logprobs: np.ndarray  # [n] int64 (-1 = none)
     processed: np.ndarray     # [n] bool
     has_draft: np.ndarray     # [n] bool
+    top_n_sigma: Optional[np.ndarray] = None      # [n] float32 (0 = off; None: every row off)
+    xtc_probability: Optional[np.ndarray] = None  # [n] float32 (0 = off; None: every row off)
+    lp_kind: Optional[np.ndarray] = None          # [n] int64 (columns.LP_*; None: every row LP_LOGPROBS)
+    kept_cap: Optional[np.ndarray] = None         # [n] int64 (-1: no kept support; None: none for every row)
     memo: dict = field(default_factory=dict, compare=False, repr=False)   # decisions derived from these
+
+    def beyond_logprobs(self) -> np.ndarray:
+        """[n] bool: rows asking for logprob values other than the log-softmax, or a kept support."""
+        out = np.zeros(len(self.temperature), dtype=bool)
+        if self.lp_kind is not None:
+            out |= (self.lp_kind != 0) & (self.num_logprobs >= 0)
+        if self.kept_cap is not None:
+            out |= self.kept_cap >= 0
+        return out
+
+    def uses(self, name: str) -> np.ndarray:
+        """[n] bool: the rows of sampled requests whose filter `name` (a float field, 0 = off) is on."""
+        values = getattr(self, name)
+        if values is None:
+            return np.zeros(len(self.temperature), dtype=bool)
+        return (values > 0) & (self.temperature > 0)
 
 
 @dataclass(frozen=True)
@@ -148,6 +168,30 @@ class RowBatch:
         return bool((self.host.min_p > 0).any())
 
     @property
+    def top_n_sigma(self) -> torch.Tensor:    # [n] fp32 (0 = off)
+        return self.column("top_n_sigma")
+
+    @property
+    def sigma_any(self) -> bool:
+        return bool(self.host.uses("top_n_sigma").any())
+
+    @property
+    def xtc_any(self) -> bool:
+        return bool(self.host.uses("xtc_probability").any())
+
+    @property
+    def torch_only_any(self) -> bool:
+        """Some row uses what only the torch backend computes on a shard: XTC, logprob values
+        other than the log-softmax, a kept support."""
+        return self.xtc_any or bool(self.host.beyond_logprobs().any())
+
+    @property
+    def kept_cap_max(self) -> int:
+        """The largest kept-support cap of the rows (-1: no row asks for one)."""
+        h = self.host.kept_cap
+        return int(h.max()) if h is not None and self.num_rows else -1
+
+    @property
     def logprobs_max(self) -> int:
         return int(self.host.num_logprobs.max()) if self.num_rows else -1
 
@@ -190,7 +234,9 @@ def _static_part(store, view: RowsView, device: torch.device) -> dict:
     host = HostRows(temperature=hf[layout.f32["temperature"]], top_k=hi[layout.i64["top_k"]],
                     top_p=hf[layout.f32["top_p"]], min_p=hf[layout.f32["min_p"]],
                     num_logprobs=hi[layout.i64["num_logprobs"]], processed=processed,
-                    has_draft=view.draft_tokens >= 0)
+                    has_draft=view.draft_tokens >= 0, top_n_sigma=hf[layout.f32["top_n_sigma"]],
+                    xtc_probability=hf[layout.f32["xtc_probability"]], lp_kind=hi[layout.i64["lp_kind"]],
+                    kept_cap=hi[layout.i64["kept_cap"]])
     k = len(names)
     return {"host": host, "want": want, "idx": dict(zip(names, dev[6:6 + k])),
             "idx_slots": dict(zip(names, dev[6 + k:])), "slots": dev[0], "offsets": dev[1], "draft": dev[2],

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from ..noise import seed_to_int64
-from ..params import SamplingParams
-from .columns import Layout
+from ..params import LOGIT_MODES, PROCESSED_MODES, SamplingParams
+from .columns import LP_LOGITS, LP_LOGPROBS, LP_TEMPERATURE, Layout
 from .digest import request_digests, request_print
 from .history import History
 from .rows import RowBatch, build_row_batch
@@ -91,10 +91,13 @@ class RequestStore:
         i64 = np.array(layout.i64_fill, dtype=np.int64)
         greedy = p.temperature == 0
         core = {"temperature": p.temperature, "top_p": 1.0 if greedy else p.top_p,
-                "min_p": 0.0 if greedy else p.min_p, "seed": seed_to_int64(seed),
+                "min_p": 0.0 if greedy else p.min_p, "top_n_sigma": 0.0 if greedy else max(p.top_n_sigma, 0.0),
+                "xtc_threshold": p.xtc_threshold, "xtc_probability": 0.0 if greedy else p.xtc_probability,
+                "seed": seed_to_int64(seed),
                 "top_k": 0 if greedy or p.top_k <= 0 or p.top_k >= self.vocab_size else p.top_k,
                 "prompt_len": len(prompt), "num_logprobs": -1 if p.logprobs is None else p.logprobs,
-                "processed": int(p.logprobs_mode == "processed")}
+                "processed": int(p.logprobs_mode in PROCESSED_MODES), "lp_kind": lp_kind(p.logprobs_mode),
+                "kept_cap": -1 if p.kept_support is None else p.kept_support}
         stage, flags = {}, 0
         for proc in self.processors:
             got = proc.stage(p, prompt, self.vocab_size, self.eos_token_id)
@@ -164,6 +167,11 @@ class RequestStore:
         if self._flags_row[0] is not table:     # one view per table: no call per step
             self._flags_row = (table, table[self.layout.i64["flags"]])
         self.history.append(slots, tokens, num_sampled, kernel, (self._flags_row[1], self._ordered_bits))
+
+
+def lp_kind(mode: str) -> int:
+    """The lp_kind column of a logprobs_mode (the processed column says which row)."""
+    return LP_LOGITS if mode in LOGIT_MODES else LP_TEMPERATURE if mode == "temperature_logprobs" else LP_LOGPROBS
 
 
 def derive_seed(base_seed: int, req_id: str, serial: int) -> int:

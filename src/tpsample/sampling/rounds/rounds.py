@@ -4,9 +4,10 @@ recipe (`sampling/recipe.py`).
 `ROUNDS`' steps give the same results as the torch backend on the full rows (the same
 thresholds, noise and tie rules), but talk in a fixed number of rounds, each one `red.gather`
 of a packed buffer:
-1. summary (only when some row uses top-k, min-p or top-p): per part its top values, tie counts
-   and, for top-p rows without top-k, a mass histogram (summary.py, topp_band.py). Every rank
-   then derives the same thresholds and draws its columns locally.
+1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma): per part its top
+   values, tie counts, for top-p rows without top-k a mass histogram (summary.py, topp_band.py)
+   and for top-n-sigma rows its integer sums (after one max all-reduce of the rows' ends). Every
+   rank then derives the same thresholds and draws its columns locally.
 2. winners: per part its guard / greedy / drawn (value, id) pairs, NaN counts, the winners'
    logprob-row values and the band rows' exact partials (topp_band.py).
 3. logprobs, when a row wants them (split_logprobs.py).
@@ -23,6 +24,7 @@ import torch
 
 from ...numerics import NEG_INF, mass_shift, row_chunks
 from .. import processors as P
+from .. import top_n_sigma
 from ..draw import emitted_tokens, local_gumbel_draw
 from ..thresholds import _radix_search
 from ..torch_backend import front, note_memory
@@ -64,9 +66,10 @@ class ShardRounds:
         if b.sample_any:
             P.apply_temperature(l, b.temperature)                             # 6
             if st.needs.summary:                                              # round 1: 7-9
+                ends = top_n_sigma.row_ends(l, a.red, b.vocab_size) if st.needs.sigma else None   # (+1 round)
                 packet = Packet()
-                fields = summary.add_local(packet, l, st.needs, st.band)
-                st.th = summary.derive(packet.gather(a.red), fields, b, st.needs, st.band)
+                fields = summary.add_local(packet, l, st.needs, st.band, ends, b.vocab_size)
+                st.th = summary.derive(packet.gather(a.red), fields, b, st.needs, st.band, ends)
                 st.thr = st.th.thr
         if b.lp_proc_rows is not None:              # processed logprob rows: after step 9
             _mask_rows(l, b.lp_proc_rows, st.thr)
@@ -96,6 +99,11 @@ class ShardRounds:
         vx = torch.where(st.fallback, w.guard[2], torch.where(st.is_greedy, w.greedy[2], w.drawn[2]))
         return logprob_round(st.lp, emitted, vx, b.num_logprobs, b.logprobs_max, st.a.red, st.band_lp,
                              mass_shift(b.vocab_size))
+
+
+    def support(self, st: _Step, emitted: torch.Tensor):
+        """No kept support here: a batch asking for one is the torch backend's (`recipe._backend`)."""
+        return None
 
 
 ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)

@@ -2,9 +2,11 @@
 
 Every part sends, per row, its C = k_max + 1 largest local values (C = 1 without top-k: its
 max); with top-k + top-p rows, how many of its values tie with its C-th value beyond the C sent;
-for band rows (top-p without top-k, see topp_band.py) a mass histogram. From the gathered
+for band rows (top-p without top-k, see topp_band.py) a mass histogram; with top-n-sigma rows,
+its exact integer sums on the rows' fixed-point grids (`top_n_sigma`, whose ends came from one
+max all-reduce before this round). From the gathered
 summaries every rank derives the same thresholds (steps 7-9 of the semantics):
-- the row max M (the union's largest value), min-p: M + log(min_p);
+- the row max M (the union's largest value), min-p: M + log(min_p); top-n-sigma: M - n sigma;
 - top-k: the k-th largest of the union. Each part's top-k is inside its top-(k + 1), so the union
   holds the global top-k and the k-th value is exact: no certificate, no second round;
 - top-p with top-k: every kept token (l >= thr >= the k-th value >= every part's C-th value) is
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks
+from .. import top_n_sigma
 from ..thresholds import local_top_values, masses, threshold_from_sorted
 from . import topp_band
 
@@ -34,6 +37,7 @@ class RowNeeds:
     ties: bool                 # some row uses top-k and top-p: send tie counts
     band: np.ndarray           # rows with top-p and no top-k: the band method
     summary: bool              # round 1 runs
+    sigma: bool = False        # some row uses top-n-sigma: its integer sums travel in round 1
 
     @staticmethod
     def of(b) -> "RowNeeds":
@@ -44,14 +48,18 @@ class RowNeeds:
         band = np.flatnonzero(top_p & (h.top_k <= 0))
         k_max = int(h.top_k.max()) if b.num_rows else 0
         min_p = bool((sampled & (h.min_p > 0)).any())
-        need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0)
-        return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need)
+        sigma = bool(h.uses("top_n_sigma").any())
+        need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0 or sigma)
+        return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need, sigma)
 
 
-def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows) -> dict:
-    """Queue this part's summary; returns the packet's field indices by name."""
+def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows, sigma_ends=None, vocab_size: int = 0) -> dict:
+    """Queue this part's summary; returns the packet's field indices by name. sigma_ends: the
+    rows' `top_n_sigma.Ends` when some row uses top-n-sigma (its local sums join the round)."""
     top = local_top_values(l, needs.num_top)                    # [rows, C] descending
     fields = {"top": packet.add(top)}
+    if sigma_ends is not None:
+        fields["sigma"] = packet.add(top_n_sigma.local_sums(l, sigma_ends, vocab_size))
     if needs.ties:
         fields["ties"] = packet.add(_tie_counts(l, top[:, -1], needs.num_top))
     if band_rows is not None:
@@ -74,7 +82,7 @@ class Thresholds:
     bracket: topp_band.Bracket | None  # band rows
 
 
-def derive(got: list, fields: dict, b, needs: RowNeeds, band_rows) -> Thresholds:
+def derive(got: list, fields: dict, b, needs: RowNeeds, band_rows, sigma_ends=None) -> Thresholds:
     """The thresholds from the gathered summaries (identical on every rank)."""
     top = got[fields["top"]]                                    # [P, rows, C]
     parts, rows, c = top.shape
@@ -88,6 +96,9 @@ def derive(got: list, fields: dict, b, needs: RowNeeds, band_rows) -> Thresholds
         thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
     if needs.min_p:
         thr = torch.maximum(thr, row_max + torch.log(b.min_p.to(dev)))
+    if sigma_ends is not None:
+        sums = got[fields["sigma"]].sum(dim=0)                  # [rows, 3] int64: exact
+        thr = torch.maximum(thr, top_n_sigma.threshold(sigma_ends, sums, b.top_n_sigma.to(dev)))
     if needs.ties:        # every row (a few values each), kept where top-k and top-p apply: no index upload
         last = top[:, :, -1]                                    # [P, rows]
         bound = last.amax(dim=0)
