@@ -330,8 +330,50 @@ def _user(server, kind):
     return ask(server, kind, user="someone").tokens == _greedy(server, kind).tokens     # accepted: no effect
 
 
+def _differs(field, on, off, **common):
+    """The field changes the answer: `field=on` against `field=off`, with `common` on both."""
+    return lambda server, kind: ask(server, kind, **common, **{field: on}).tokens != ask(
+        server, kind, **common, **{field: off}).tokens
+
+
+REPEATED = {"70": 30.0}         # greedy then repeats token 70, which DRY penalises (no breaker)
+_DRY = dict(logit_bias=REPEATED, dry_multiplier=5.0, dry_base=4.0, dry_allowed_length=1)
+
+
+def _dry_breakers(server, kind):
+    fav = server.tokenizer.decode([int(next(iter(REPEATED)))])
+    return ask(server, kind, **_DRY, dry_sequence_breakers=[fav]).tokens != ask(
+        server, kind, **_DRY, dry_sequence_breakers=[]).tokens
+
+
+def _logprobs_mode(server, kind):
+    def first(mode):
+        a = ask(server, kind, logprobs=True if kind == "chat" else 1, logprobs_mode=mode)
+        lps = a.choice["logprobs"]
+        return lps["content"][0]["logprob"] if kind == "chat" else lps["token_logprobs"][0]
+    return first("raw_logits") != first("raw_logprobs")
+
+
+def _kept_support(server, kind):
+    ks = ask(server, kind, kept_support=2, temperature=1.0, seed=0, top_k=5).choice["kept_support"]
+    return len(ks) == 8 and all(s["count"] == 5 and len(s["token_ids"]) == 2 for s in ks)
+
+
+SAMPLERS = {
+    "dry_multiplier": _differs("dry_multiplier", 5.0, 0.0, logit_bias=REPEATED, dry_base=4.0, dry_allowed_length=1),
+    "dry_base": _differs("dry_base", 100.0, 1.01, logit_bias=REPEATED, dry_multiplier=0.01, dry_allowed_length=1),
+    "dry_allowed_length": _differs("dry_allowed_length", 1, 50, logit_bias=REPEATED, dry_multiplier=5.0, dry_base=4.0),
+    "dry_penalty_last_n": _differs("dry_penalty_last_n", -1, 1, **_DRY),
+    "dry_sequence_breakers": _dry_breakers,
+    "xtc_probability": _differs("xtc_probability", 1.0, 0.0, temperature=1.0, seed=0, xtc_threshold=0.0001),
+    "xtc_threshold": _differs("xtc_threshold", 0.0001, 0.5, temperature=1.0, seed=0, xtc_probability=1.0),
+    "top_n_sigma": same_as_greedy(temperature=1.0, seed=0, top_n_sigma=0.0001),
+    "logprobs_mode": _logprobs_mode, "kept_support": _kept_support,
+}
+
+
 SHARED = {
-    "model": _model, "max_tokens": _max_tokens("max_tokens"), "temperature": differs_from_greedy(temperature=1.5, seed=0),
+    **SAMPLERS, "model": _model, "max_tokens": _max_tokens("max_tokens"), "temperature": differs_from_greedy(temperature=1.5, seed=0),
     "top_p": same_as_greedy(temperature=1.0, top_p=1e-9, seed=0), "n": _n, "stream": _stream,
     "stream_options": _stream_options, "stop": _stop, "seed": _seed,
     "presence_penalty": penalised(presence_penalty=2.0), "frequency_penalty": penalised(frequency_penalty=2.0), "logit_bias": _logit_bias, "response_format": _response_format, "user": _user,

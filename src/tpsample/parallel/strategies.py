@@ -151,7 +151,7 @@ class BatchSharded(_Strategy):
         bits = torch.stack([own.threshold, own.upper], dim=1).view(torch.int32).to(torch.int64)
         packed = torch.cat([own.token_ids, own.count.unsqueeze(1), bits], dim=1)
         g = step.comm.all_gather(_pad_rows(packed, max(plan.rows_per_rank)))       # [tp, max_rows_own, w + 3]
-        g = g.reshape(-1, w + 3).index_select(0, plan.device_array("lp_gather", _lp_index(plan), g.device))
+        g = g.reshape(-1, w + 3).index_select(0, device_copy(plan, "lp_gather", _lp_index(plan), g.device))
         bounds = g[:, w + 1:].to(torch.int32).view(torch.float32)
         return KeptSupport(g[:, :w].contiguous(), g[:, w].contiguous(), bounds[:, 0].contiguous(),
                            bounds[:, 1].contiguous())

@@ -175,7 +175,7 @@ def sampling_params(req, num_max_tokens: int, defaults: dict, tokenizer) -> list
                 max_tokens=max(1, num_max_tokens), stop=req.stop or None,
                 include_stop_str_in_output=bool(req.include_stop_str_in_output),
                 allowed_token_ids=req.allowed_token_ids, bad_words_token_ids=bad_words(req.bad_words, tokenizer))
-    base.update({name: getattr(req, name) for name in SAMPLER_FIELDS if getattr(req, name) is not None})
+    base.update({name: getattr(req, name, None) for name in SAMPLER_FIELDS if getattr(req, name, None) is not None})
     first_prompt_logprobs, echo = prompt_logprobs(req), bool(getattr(req, "echo", False))
     return [tpsample.SamplingParams(**base, seed=None if req.seed is None else req.seed + i,
                                     prompt_logprobs=first_prompt_logprobs if i == 0 or echo else None)
