@@ -175,3 +175,26 @@ def accounting(group, vocab: int, rows: int):
         out = sampler.sample(full[plan.logits_order][:, start:end].contiguous().to(DEVICE), plan)
         res[s] = (out.sampled_token_ids[:, 0].tolist(), sampler.last_stats)
     return res
+
+
+def kernels_beside_torch(params: list[SamplingParams], x: torch.Tensor):
+    """One row per params over the full rows x, on CPU with the kernels switched on (the caller
+    sets TPSAMPLE_KERNELS_ON_CPU and the interpreter): (the rows the kernels leave to the torch
+    backend, the recipe's result, the torch backend's result alone)."""
+    import numpy as np
+
+    from tpsample.sampling.processors import PROCESSORS
+    from tpsample.sampling.recipe import SampleArgs, _slow_rows, sample_rows
+    from tpsample.sampling.reducer import LocalRows
+    from tpsample.sampling.torch_backend import TORCH
+    from tpsample.state.rows import RowsView
+    from tpsample.state.store import RequestStore
+    n, vocab, cpu = len(params), x.shape[1], torch.device("cpu")
+    store = RequestStore(vocab, n, None, PROCESSORS)
+    for i, p in enumerate(params):
+        store.add(str(i), p, [1], p.seed or 0)
+    store.sync(cpu, 1)
+    b = store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.full(n, -1, np.int64)), cpu)
+    mixed = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()))
+    alone = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()), backend=TORCH)
+    return _slow_rows(b.host).tolist(), mixed, alone

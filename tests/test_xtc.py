@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
+from scenarios import kernels_beside_torch
 from test_semantics_reference import STRATEGIES, V, add_all, kept_sets, new_sampler, randn_logits, run_steps
 
 from tpsample import SamplingParams as SP
@@ -67,25 +67,11 @@ def _tokens(sampler, params, logits) -> list[int]:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_kernels_leave_xtc_rows_to_the_torch_backend_with_equal_tokens(monkeypatch):
     pytest.importorskip("triton")
-    from tpsample.sampling.processors import PROCESSORS
-    from tpsample.sampling.recipe import SampleArgs, _slow_rows, sample_rows
-    from tpsample.sampling.reducer import LocalRows
-    from tpsample.sampling.torch_backend import TORCH
-    from tpsample.state.rows import RowsView
-    from tpsample.state.store import RequestStore
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
     params = [SP(xtc_probability=1.0, seed=1), SP(top_k=5, seed=2), SP(xtc_probability=1.0, top_p=0.8, seed=3),
               SP(temperature=0.0, xtc_probability=1.0)]
-    store = RequestStore(V, len(params), None, PROCESSORS)
-    for i, p in enumerate(params):
-        store.add(str(i), p, [1], p.seed or 0)
-    store.sync(torch.device("cpu"), 1)
-    n = len(params)
-    b = store.row_batch(RowsView(np.arange(n), np.zeros(n, np.int64), np.full(n, -1, np.int64)), torch.device("cpu"))
-    assert _slow_rows(b.host).tolist() == [0, 2]                # greedy rows never filter
-    x = randn_logits(n, 3)
-    mixed = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()))
-    alone = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()), backend=TORCH)
+    slow, mixed, alone = kernels_beside_torch(params, randn_logits(len(params), 3))
+    assert slow == [0, 2]                                      # greedy rows never filter
     assert torch.equal(mixed.emitted, alone.emitted)
 
 
