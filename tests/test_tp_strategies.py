@@ -104,3 +104,36 @@ def test_vocab_parallel_moves_less_and_holds_less_than_the_others(tp_run):
             # measured per-rank peaks at full size are `tpsample bench sampler --device cuda`'s
             continue
         assert st["vocab_parallel"].peak_bytes < st["batch_sharded"].peak_bytes < st["replicated"].peak_bytes, where
+
+
+def _bytes_by_dtype(group):
+    """(tokens, bytes sent) per (strategy, dtype): the same fp32 values given as fp32 and as bf16."""
+    import torch
+
+    import tpsample
+    from tpsample import SamplingParams
+    vocab, rows = 1000, 4
+    full = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    out = {}
+    for strategy in ("replicated", "batch_sharded"):
+        for dtype in (torch.float32, torch.bfloat16):
+            s = tpsample.Sampler(vocab, strategy=strategy, group=group, seed=3)
+            ids = [str(i) for i in range(rows)]
+            for i in ids:
+                s.add_request(i, SamplingParams(top_k=20, top_p=0.9, seed=int(i)), [1])
+            plan = s.plan(ids)
+            x = full.to(dtype)[plan.logits_order][:, s.col_start:s.col_end].contiguous()
+            out[(strategy, str(dtype))] = (s.sample(x, plan).token_lists(), s.last_stats.bytes_sent)
+    return out
+
+
+def test_bf16_logits_cross_ranks_as_bf16_with_the_same_tokens():
+    """Rows travel in the logits' own dtype: bf16 shards cross in half the bytes of their fp32
+    copy (the same values), and every token is the same. batch_sharded also sends its packed
+    int64 results, whatever the logits' dtype: 2 requests a rank x (1 token + 4 counts) x 8 bytes."""
+    results = {"replicated": 0, "batch_sharded": 2 * 5 * 8}
+    for rank in spawn_ranks(_bytes_by_dtype, 2, timeout_s=120):
+        for strategy, fixed in results.items():
+            (tok32, sent32), (tok16, sent16) = rank[(strategy, "torch.float32")], rank[(strategy, "torch.bfloat16")]
+            assert tok16 == tok32, strategy
+            assert (sent16 - fixed) * 2 == sent32 - fixed > 0, strategy
