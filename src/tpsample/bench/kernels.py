@@ -18,6 +18,7 @@ import statistics
 
 import torch
 
+from .measure import profiled_us
 from .report import finish
 
 CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
@@ -82,14 +83,8 @@ def time_cuda(fn, iters: int, warmup: int, device):
 
 def device_time_us(fn, iters: int = 5) -> float:
     """Sum of the device time of every kernel fn() launches, per call (host gaps excluded)."""
-    from torch.profiler import ProfilerActivity, profile
     fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / iters
+    return profiled_us(fn, iters, "cuda") / iters
 
 
 def copy_bandwidth(device) -> float:
