@@ -52,8 +52,9 @@ def _top_p_threshold(l: torch.Tensor, kept: torch.Tensor, p: float, shift: int) 
     return float(v[int(ok.nonzero().max())])
 
 
-def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
-    """(local column, valid) of one row: the semantics of kernels.sample.sample_rows."""
+def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift, n_sigma=0.0, vocab=None):
+    """(local column, valid) of one row: the semantics of kernels.sample.sample_rows (top-n-sigma's
+    threshold from the sampler's own `top_n_sigma_threshold` over `vocab` tokens)."""
     raw = transform(x_row.unsqueeze(0))[0]
     raw_v, raw_i = first_argmax(raw)
     if t == 0:
@@ -63,6 +64,10 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
     thr = NEG_INF
     if lmp != NEG_INF:
         thr = float(m + torch.tensor(lmp, dtype=torch.float32))
+    if n_sigma > 0:
+        from tpsample.sampling.reducer import LocalRows
+        from tpsample.sampling.top_n_sigma import top_n_sigma_threshold
+        thr = max(thr, float(top_n_sigma_threshold(l.unsqueeze(0), torch.tensor([n_sigma]), LocalRows(), vocab)[0]))
     thr = max(thr, _kth_largest(l, k))
     kept = (l >= thr) & (l > NEG_INF)
     if p < 1 and bool(kept.any()) and bool(torch.isfinite(m)):
@@ -78,13 +83,14 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift):
 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset=0,
-                vocab_size_global=None):
+                vocab_size_global=None, n_sigma=None):
     """Reference of kernels.sample.sample_rows: (global token ids [R] int64, valid [R] bool), on x's device."""
     shift = mass_shift(vocab_size_global or x.shape[1])
     toks, valid = [], []
     for r in range(x.shape[0]):
         tok, ok = sample_row(x[r], float(temperature[r]), int(top_k[r]), float(top_p[r]),
-                             float(log_min_p[r]), int(key0[r]), int(key1[r]), col_offset, shift)
+                             float(log_min_p[r]), int(key0[r]), int(key1[r]), col_offset, shift,
+                             0.0 if n_sigma is None else float(n_sigma[r]), vocab_size_global or x.shape[1])
         toks.append(tok + col_offset)
         valid.append(ok)
     return (torch.tensor(toks, dtype=torch.int64, device=x.device),

@@ -423,3 +423,72 @@ def test_unknown_hints_turn_on_every_path_and_known_bits_round_trip():
     assert [f.name for f in dataclasses.fields(unknown)] == list(HINT_FIELDS)
     for bits in (0, 1, 0b10101, 0b11111, 0b10000):
         assert hints_to_bits(hints_from_bits(bits)) == bits
+
+
+SIGMA_ROWS = [((0.8, 0, 1.0, 0.0), 1.0), ((1.0, 0, 1.0, 0.0), 0.3), ((0.8, 50, 0.9, 0.0), 2.0), ((0.8, 0, 0.9, 0.0), 1.5),
+              ((0.8, 0, 1.0, 0.05), 3.0), ((1.0, 3, 1.0, 0.0), 0.5), (GREEDY, 1.0), (TEMPERATURE, 0.0),
+              ((0.9, 200, 0.9, 0.01), 0.25), ((0.7, 0, 0.95, 0.0), -1.0)]
+
+
+def check_sigma(x, rows, cfg=DEFAULT, seed=0):
+    """`check` with top-n-sigma: rows are ((temperature, top_k, top_p, min_p), n_sigma)."""
+    t, k, p, lmp = params([r for r, _ in rows])
+    n_sigma = torch.tensor([n for _, n in rows], dtype=torch.float32)
+    k0, k1 = row_keys(len(rows), seed)
+    got = sample_rows(x.to(DEV), t.to(DEV), k.to(DEV), p.to(DEV), lmp.to(DEV), k0.to(DEV), k1.to(DEV), cfg=cfg,
+                      n_sigma=n_sigma.to(DEV))
+    want = torch_ref.sample_rows(x, t, k, p, lmp, k0, k1, n_sigma=n_sigma)
+    assert got[0].cpu().tolist() == want[0].tolist(), (rows, got, want)
+    assert got[1].cpu().tolist() == want[1].tolist(), (rows, got, want)
+    return want
+
+
+@pytest.mark.parametrize("kind,cfg", [("randn", DEFAULT), ("randn", SEARCH), ("randn", SPLIT), ("zipf", SPLIT),
+                                      ("ties", SEARCH)])
+def test_top_n_sigma_rows_beside_every_other_kind_of_row_match_the_reference(kind, cfg):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"sigma/{kind}/{cfg.cap}".encode()) % 1000)
+    x = logits(kind, len(SIGMA_ROWS), 300, gen) + torch.linspace(0, 6, 300)     # spread rows: sigma cuts deep
+    x[::3, :40] = NEG_INF                                    # -inf entries are outside the statistics
+    x[1, 7] = float("nan")
+    changed = 0
+    for seed in range(3):
+        want = check_sigma(x, SIGMA_ROWS, cfg, seed)
+        plain = torch_ref.sample_rows(x, *params([r for r, _ in SIGMA_ROWS]), *row_keys(len(SIGMA_ROWS), seed))
+        changed += sum(a != b for a, b in zip(want[0].tolist(), plain[0].tolist()))
+    assert changed > 0                                       # the threshold changed some tokens
+
+
+def test_top_n_sigma_takes_l_from_the_whole_row_where_x_over_t_overflows():
+    """A temperature below 1 sends x near -FLT_MAX to l = -inf, outside the statistics: the
+    row's ends come from l, not from x's extremes (which would give a zero-width grid)."""
+    x = torch.randn(6, 200, generator=torch.Generator().manual_seed(2)) * 0.05
+    x[:, 5] = -3e38
+    x[5, 9] = 3e38                                  # and l = +inf: kept, and it wins
+    rows = [((0.5, 0, 1.0, 0.0), 3.0), ((0.5, 0, 0.99, 0.0), 2.0), ((0.7, 100, 1.0, 0.0), 3.0)] * 2
+    tokens = check_sigma(x, rows, SPLIT)[0]
+    assert (tokens != x.argmax(dim=1)).sum() >= 2        # rows kept more than their max
+
+def test_a_batch_without_top_n_sigma_launches_what_it_did_and_one_with_it_one_pass_more(monkeypatch):
+    """The skip flag: no n_sigma, no sigma pass and no SIGMA code in the scan or the select; with
+    it, the same launches and the sigma pass between the scan and the select."""
+    from tpsample.kernels import launcher
+    launched = []
+    at = launcher.Launcher.at
+
+    def record(self, site, grid, *args, **constexprs):
+        launched.append((self.fn.__name__, constexprs.get("SIGMA")))
+        return at(self, site, grid, *args, **constexprs)
+
+    monkeypatch.setattr(launcher.Launcher, "at", record)
+    rows = [(0.8, 50, 0.9, 0.0), (0.8, 0, 0.9, 0.0), (0.8, 0, 1.0, 0.05), GREEDY]
+    x = logits("randn", len(rows), 300, torch.Generator().manual_seed(3))
+    check(x, rows)
+    without = list(launched)
+    launched.clear()
+    check_sigma(x, [(r, 1.0) for r in rows])
+    names = [name for name, _ in without]
+    assert names == ["scan_kernel", "select_kernel", "hist_kernel", "list_kernel", "hist_kernel", "round_kernel",
+                     "finish_kernel", "drain_kernel"]
+    assert all(flag in (None, False) for _, flag in without)
+    assert [name for name, _ in launched] == names[:1] + ["sigma_sums_kernel"] + names[1:]
+    assert [flag for name, flag in launched if name in ("scan_kernel", "select_kernel")] == [True, True]

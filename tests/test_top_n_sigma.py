@@ -44,14 +44,17 @@ def test_kept_set_is_the_tokens_within_n_sigma_of_the_max():
 
 @pytest.mark.usefixtures("triton_interpreter")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_the_kernels_leave_top_n_sigma_rows_to_the_torch_backend_with_equal_tokens(monkeypatch):
+def test_the_kernels_sample_top_n_sigma_rows_themselves_with_the_torch_backends_tokens(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
     params = [SP(top_n_sigma=0.5, seed=1), SP(top_k=5, seed=2), SP(top_n_sigma=1.0, top_p=0.8, seed=3),
-              SP(temperature=0.0, top_n_sigma=1.0)]
-    slow, mixed, alone = kernels_beside_torch(params, randn_logits(len(params), 3) + torch.linspace(0, 4, V))
-    assert slow == [0, 2]                                      # greedy rows never filter
-    assert torch.equal(mixed.emitted, alone.emitted)
+              SP(temperature=0.0, top_n_sigma=1.0)] + [_params(i) for i in range(1, 40, 4)]   # raw logprobs
+    x = randn_logits(len(params), 3) * 0.1          # flat rows: the threshold decides most tokens
+    x[::3, :20] = float("-inf")
+    slow, mixed, alone = kernels_beside_torch(params, x)
+    assert slow == []                                          # no row left to torch
+    assert torch.equal(mixed.emitted, alone.emitted) and torch.equal(mixed.fallback, alone.fallback)
+    assert torch.equal(mixed.lp_ids, alone.lp_ids) and torch.allclose(mixed.lp_vals, alone.lp_vals, atol=1e-5)
 
 
 def _shard_statistics(group, vocab: int):

@@ -38,6 +38,12 @@ def mass_shift(vocab_size: int) -> int:
     return 62 - max(1, math.ceil(math.log2(max(vocab_size, 1))))
 
 
+def sigma_bits(vocab_size: int) -> int:
+    """B of top-n-sigma's grid (sampling/top_n_sigma.py): V values below 2**B have a sum of
+    squares below 2**62."""
+    return mass_shift(vocab_size) // 2
+
+
 def fixed_point_masses(l: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Tensor:
     """e = trunc(exp(l - m) * 2**shift) as int64 per entry of rows l, m the row max [rows]."""
     d = l - m.unsqueeze(-1)

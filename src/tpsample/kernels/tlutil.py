@@ -196,6 +196,17 @@ def opaque_u32(v, PTX: tl.constexpr):
 
 
 @triton.jit
+def opaque_f64(v, PTX: tl.constexpr):
+    """v (float64), hidden from the compiler on CUDA (a PTX move), so that a product it holds
+    is rounded on its own and never fused with a later add into an FMA: float64 formulas
+    written to match torch's operation by operation keep their roundings."""
+    if PTX:
+        return tl.inline_asm_elementwise("mov.b64 $0, $1;", "=d,d", [v], dtype=tl.float64, is_pure=True, pack=1)
+    else:
+        return v
+
+
+@triton.jit
 def store_pair_where(base_a, base_b, idx, va, vb, mask, PTX: tl.constexpr):
     """base_a[idx] = va and base_b[idx] = vb (int32) where `mask` (idx >= 0 there): two
     `store_where`s sharing one offset idx * 4 (PTX: one wide multiply and two 64-bit adds for

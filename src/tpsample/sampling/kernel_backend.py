@@ -3,7 +3,8 @@
 
 Steps 2-5 (sparse processors) run in torch on an fp32 copy when a row uses them; steps 6-10 and
 the guard run in the kernels, which read the logits once per pass, upcast per block, and
-allocate only O(rows x bins) workspace; raw logprobs come from one statistics pass. Rows that
+allocate only O(rows x bins) workspace; raw logprobs come from one statistics pass; top-n-sigma
+joins min-p's threshold inside them (one more pass, only for a batch that uses it). Rows that
 verify drafts or want processed logprobs are drawn plainly here (the recipe replaces their
 results). Which code the kernels compile and run is decided from the batch's host-side
 parameters: no device read, no sync. The kernels implement the same thresholds and noise, so
@@ -44,8 +45,9 @@ def hints_from_host(host: HostRows, vocab_size: int):
     got = host.memo.get(("hints", vocab_size))
     if got is not None:
         return got
-    got = host.memo[("hints", vocab_size)] = row_hints(host.temperature, host.top_k, host.top_p, host.min_p > 0,
-                                                       vocab_size)
+    # a top-n-sigma row filters as a min-p row does: a threshold below the max
+    got = host.memo[("hints", vocab_size)] = row_hints(host.temperature, host.top_k, host.top_p,
+                                                       (host.min_p > 0) | host.uses("top_n_sigma"), vocab_size)
     return got
 
 
@@ -108,9 +110,10 @@ class KernelSteps:
         t, top_k, p, log_min_p, key0, key1 = k.step_ops.prepare_rows(src.f32_table, src.i64_table, src.num_out,
                                                                      src.slots, src.offsets, SALT_DRAW,
                                                                      _kernel_columns(src.layout)[0], out=scratch[0])
+        n_sigma = b.top_n_sigma.to(dev, torch.float32).contiguous() if b.sigma_any else None
         st.drawn = k.sample.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
                                           vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
-                                          nans_out="partials", out=scratch[1])
+                                          nans_out="partials", out=scratch[1], n_sigma=n_sigma)
 
     def guard(self, st: _Step) -> tuple:                                  # 12
         tokens, valid, nan_parts = st.drawn

@@ -11,8 +11,8 @@
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, top-n-sigma, XTC, other
-  logprob values, a kept support) are sampled
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, XTC, other logprob
+  values, a kept support) are sampled
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
@@ -111,13 +111,12 @@ def _backend(a: SampleArgs):
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs, top-n-sigma, XTC,
-    logprob values other than the raw log-softmax, a kept support (found once per set of rows)."""
+    """Rows the kernels do not finish: draft verification, processed logprobs, XTC, logprob
+    values other than the raw log-softmax, a kept support (found once per set of rows)."""
     got = host.memo.get("slow")
     if got is None:
         got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed)
-                                                 | host.uses("top_n_sigma") | host.uses("xtc_probability")
-                                                 | host.beyond_logprobs())
+                                                 | host.uses("xtc_probability") | host.beyond_logprobs())
     return got
 
 

@@ -17,16 +17,9 @@ communication.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..numerics import NEG_INF, row_chunks
-
-
-def sigma_bits(vocab_size: int) -> int:
-    """B: V values below 2**B have a sum of squares below 2**62."""
-    return (62 - max(1, math.ceil(math.log2(max(vocab_size, 1))))) // 2
+from ..numerics import NEG_INF, row_chunks, sigma_bits
 
 
 def top_n_sigma_threshold(l: torch.Tensor, n_sigma: torch.Tensor, red, vocab_size: int) -> torch.Tensor:

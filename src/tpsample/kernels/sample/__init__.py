@@ -12,7 +12,9 @@ the kernels to is tests/kernels_torch_ref.py, and `tpsample.sampling` computes t
   holding uint32 row keys from `tpsample.noise.row_keys`.
 - l = fp32(x) / T with IEEE division; NaN counts as -inf everywhere; -inf is never kept.
   greedy: argmax of fp32(x), ties -> lowest id; valid iff that max > -inf.
-  t1 = max(l) + log_min_p (only when min-p is on); t2 = the k-th largest l counting duplicates
+  t1 = max(l) + log_min_p (only when min-p is on), and at least top-n-sigma's M - n x sigma
+  when n_sigma [R] fp32 is given and the row's n > 0 (M, sigma: tpsample.sampling.top_n_sigma's
+  fixed-point statistics of the finite l, the same threshold bit for bit); t2 = the k-th largest l counting duplicates
   (-inf if fewer than k entries); thr = max(t1, t2); kept = l >= thr and l > -inf.
   top-p (when on and max(l) is finite): m = max(l), e_i = trunc(exp(l_i - m) * 2**shift) int64
   (exp(0) = 1), shift = 62 - max(1, ceil(log2(V_global))); S = sum of e over kept;
@@ -43,9 +45,13 @@ __all__ = ["DEFAULT", "KernelConfig", "RowHints", "hints_from_params", "logprob_
            "shard_gumbel_argmax", "token_logprob_stats"]
 
 
-def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int) -> RowHints:
-    """RowHints from the per-row parameter tensors (one device sync if they live on the GPU)."""
-    return row_hints(temperature, top_k, top_p, log_min_p > float("-inf"), vocab_size)
+def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int, n_sigma=None) -> RowHints:
+    """RowHints from the per-row parameter tensors (one device sync if they live on the GPU);
+    a top-n-sigma row filters as a min-p row does."""
+    thresholded = log_min_p > float("-inf")
+    if n_sigma is not None:
+        thresholded = thresholded | (n_sigma > 0)
+    return row_hints(temperature, top_k, top_p, thresholded, vocab_size)
 
 
 @functools.cache
@@ -65,13 +71,15 @@ def _interpreting_on_cuda() -> bool:
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
-                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None):
+                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None, n_sigma=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
     valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
     [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
     that receives each row's NaN count (counted in the first pass, no extra read of x).
     out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
-    per-row parameters must then already be contiguous, on x's device, in the dtypes above)."""
+    per-row parameters must then already be contiguous, on x's device, in the dtypes above).
+    n_sigma: optional [R] top-n-sigma (<= 0: off); None, the batch has none: the kernels then
+    compile and launch nothing for it."""
     rows, cols = x.shape
     if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
         empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))
@@ -85,12 +93,14 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
         params = tuple(v.to(dev, dt).contiguous() for v, dt in (
             (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32), (log_min_p, torch.float32),
             (key0, torch.int64), (key1, torch.int64)))
+    if n_sigma is not None and out is None:
+        n_sigma = n_sigma.to(dev, torch.float32).contiguous()
     if hints is None:
-        hints = hints_from_params(params[0], params[1], params[2], params[3], cols)
+        hints = hints_from_params(params[0], params[1], params[2], params[3], cols, n_sigma)
     if exact_exp is None:
         exact_exp = dev.type == "cuda" and not _interpreting_on_cuda()
     shift = mass_shift(vocab_size_global or cols)
-    return _launch_sample()(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out)
+    return _launch_sample()(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out, n_sigma)
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,

@@ -1,6 +1,7 @@
 """Host side of `sample_rows`: the launch shapes and the launch sequence (scan, select, rounds).
 
-Launches: scan (rows x splits), select (rows); then, only if some row filters, [hist_kernel
+Launches: scan (rows x splits), [sigma_sums_kernel (rows x splits), only when some row has
+top-n-sigma], select (rows); then, only if some row filters, [hist_kernel
 (rows x splits: mass and list), list_kernel (rows) and hist_kernel again (rows x splits: the bins
 of the rows the list left, and their brackets), only when some row has top-p without top-k], one
 round [round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
@@ -35,11 +36,12 @@ from .lists import list_kernel
 from .rounds import drain_kernel, round_kernel
 from .scan import scan_kernel
 from .select import select_kernel
+from .sigma import sigma_sums_kernel
 from .state import Workspace, hist_width
 
-SCAN, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN = (
-    Launcher(k) for k in (scan_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel, round_kernel,
-                          finish_kernel, drain_kernel))
+SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN = (
+    Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
+                          round_kernel, finish_kernel, drain_kernel))
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,10 @@ def _geometry(rows: int, cols: int, dev: torch.device, shape: Shape) -> tuple:
 
 
 def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
-                  nans_out=None, out=None):
-    """out: optional (token [R] int64, valid [R] bool) to write into instead of new tensors."""
+                  nans_out=None, out=None, n_sigma=None):
+    """out: optional (token [R] int64, valid [R] bool) to write into instead of new tensors.
+    n_sigma: optional [R] fp32 top-n-sigma (<= 0: off); None: no row has it (nothing compiled
+    or launched for it)."""
     t, k, p, lmp, key0, key1 = params
     rows, cols = x.shape
     dev = x.device
@@ -178,18 +182,25 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     # what decides every launch key below (the workspace views are 256-byte aligned by
     # construction), so the launches skip their per-argument keys
     site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, shape,
-            tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0)
+            tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0,
+            None if n_sigma is None else n_sigma.data_ptr() & 15 == 0)
+    sigma = n_sigma is not None     # B below: numerics.sigma_bits of the vocabulary, mass_shift // 2
     nw = cfg.num_warps
     block = shape.block
     lcap = 2 * cfg.cap          # a top-p row's column list, in cand_key's bytes read as int32
     SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
-         nblk, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp, MODES=hints.modes, PTX=cuda,
-         num_warps=shape.scan_warps)
+         nblk, n_sigma, ws.sig_lo, ws.sig_hi, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp,
+         MODES=hints.modes, PTX=cuda, SIGMA=sigma, num_warps=shape.scan_warps)
+    if sigma:
+        SIGMA.at(site, (rows, splits), x, x.stride(0), cols, t, n_sigma, ws.sig_lo, ws.sig_hi, ws.sig_sums,
+                 ws.sig_top, ws.sig_scale, NSPLIT=splits, CHUNK=chunk, BLOCK=block, B=shift // 2,
+                 num_warps=shape.cfg.num_warps)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.xf,
-           list_blocks(nblk, cfg), NSPLIT=splits, NBP=next_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins,
+           list_blocks(nblk, cfg), n_sigma, ws.sig_sums, ws.sig_top, ws.sig_scale, NSPLIT=splits,
+           NBP=next_pow2(nblk), CAP=cfg.cap, P=cfg.pivots, NB=cfg.bins, SIGMA=sigma, PTX=cuda,
            num_warps=cfg.row_warps)
     if hints.any_filter:
         # one round settles almost every row (min-p always; top-k / top-p unless the candidates

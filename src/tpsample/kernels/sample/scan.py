@@ -31,13 +31,24 @@ from .state import FILTER, GREEDY, PLAIN
 
 
 @triton.jit
-def row_flags(t, k, p, lmp, ncols):
-    """(mode, top-k on, top-p on, min-p on) of a row from its parameters."""
+def row_flags(t, k, p, lmp, sig, ncols):
+    """(mode, top-k on, top-p on, min-p on) of a row from its parameters; sig: top-n-sigma on
+    (`sigma_on`), which makes a sampled row a filter row as min-p does."""
     topk = (k > 0) & (k < ncols)
     topp = p < 1.0
     minp = lmp > NEG_INF
-    mode = tl.where(t == 0.0, GREEDY, tl.where(topk | topp | minp, FILTER, PLAIN))
+    mode = tl.where(t == 0.0, GREEDY, tl.where(topk | topp | minp | sig, FILTER, PLAIN))
     return mode, topk, topp, minp
+
+
+@triton.jit
+def sigma_on(nsig_ptr, row, SIGMA: tl.constexpr):
+    """The row has top-n-sigma (n > 0); always False in a batch without such a row (SIGMA off:
+    nsig_ptr is not read)."""
+    if SIGMA:
+        return tl.load(nsig_ptr + row) > 0.0
+    else:
+        return tl.zeros((), tl.int1)
 
 
 @triton.jit
@@ -110,10 +121,13 @@ def fp32_nonan(xr):
 @triton.jit(do_not_specialize=["col_offset"])
 def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, key1_ptr, col_offset,
                 raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, nan_ptr, bmax_ptr,
-                nblk, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BB: tl.constexpr,
-                EXACT_EXP: tl.constexpr, MODES: tl.constexpr, PTX: tl.constexpr):
+                nblk, nsig_ptr, slo_ptr, shi_ptr, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr,
+                BB: tl.constexpr, EXACT_EXP: tl.constexpr, MODES: tl.constexpr, PTX: tl.constexpr,
+                SIGMA: tl.constexpr):
     """MODES: which row modes the batch holds (1 greedy, 2 plain, 4 filter); code for absent
     modes is not compiled, which keeps registers (and so occupancy) to what the batch needs.
+    SIGMA: some row has top-n-sigma; its rows' splits also store their smallest and largest
+    finite x (slo, shi: sigma.py), read in the same loop.
     PTX: compiled for CUDA (`ex2_ftz`'s inline PTX).
     The per-entry division l = x / T (IEEE, several instructions) stays out of the loop: maxima
     are taken over x and divided once (division by T > 0 is monotone), the skip test of plain
@@ -126,13 +140,16 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     t = tl.load(t_ptr + row)
     k = tl.load(k_ptr + row)
     p = tl.load(p_ptr + row)
-    mode, topk, topp, _ = row_flags(t, k, p, tl.load(lmp_ptr + row), ncols)
+    sig = sigma_on(nsig_ptr, row, SIGMA)
+    mode, topk, topp, _ = row_flags(t, k, p, tl.load(lmp_ptr + row), sig, ncols)
     offs = tl.arange(0, TILE)[:, None] * BB + tl.arange(0, BB)[None, :]
     STEP: tl.constexpr = TILE * BB
     rv = tl.full((TILE, BB), NEG_INF, tl.float32)
     ri = tl.full((TILE, BB), BIG_ID32, tl.int32)
     nan_sum = tl.zeros((TILE, BB), tl.float32)     # NaN once a lane has seen a NaN (see nan_count)
     mxv = tl.full((TILE, BB), NEG_INF, tl.float32)
+    shi = tl.full((TILE, BB), NEG_INF, tl.float32)     # SIGMA: finite extremes
+    slo = tl.full((TILE, BB), float("inf"), tl.float32)
     best_v = tl.full((), NEG_INF, tl.float32)
     best_i = tl.full((), BIG_ID32, tl.int32)
     c2 = win_bound(best_v)
@@ -160,6 +177,11 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
         if (MODES & 4) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == FILTER:
                 mxv = tl.maximum(mxv, x)
+                if SIGMA:   # noqa: SIM102 - a compile-time (constexpr) test
+                    if sig:
+                        fin = (x > NEG_INF) & (x < float("inf"))
+                        shi = tl.maximum(shi, tl.where(fin, x, NEG_INF))
+                        slo = tl.minimum(slo, tl.where(fin, x, float("inf")))
         if (MODES & 2) != 0:   # noqa: SIM102 - a compile-time (constexpr) test
             if mode == PLAIN:
                 u = uniform_bits_spread(k0, k1, spread + (s + col_offset).to(tl.uint32) * GOLDEN)
@@ -183,3 +205,6 @@ def scan_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, lmp_ptr, key0_ptr, ke
     tl.store(best_v_ptr + part, best_v)
     tl.store(best_i_ptr + part, best_i)
     tl.store(nan_ptr + part, nan_count(xrow, start, end, offs, nan_sum, STEP))
+    if SIGMA:
+        tl.store(shi_ptr + part, tl.max(tl.max(shi, axis=1), axis=0))
+        tl.store(slo_ptr + part, tl.min(tl.min(slo, axis=1), axis=0))

@@ -23,7 +23,8 @@ from ..tlutil import (
     pair_max,
 )
 from .bracket import range_for_top_p, x_bound
-from .scan import fp32_nonan, row_flags
+from .scan import fp32_nonan, row_flags, sigma_on
+from .sigma import sigma_threshold
 from .state import (
     COLLECT,
     DONE,
@@ -115,8 +116,9 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
                   raw_v_ptr, raw_i_ptr, max_ptr, best_v_ptr, best_i_ptr, bmax_ptr, nblk,
                   st_stage, st_token, st_valid, st_raw, st_m, st_t1, st_flags, st_tkey, st_klo, st_khi,
                   st_shift, st_cabove, st_mabove, st_piv, cand_n, st_hlo, st_hinv, st_xf, list_k,
+                  nsig_ptr, sig_sums, sig_top, sig_scale,
                   NSPLIT: tl.constexpr, NBP: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr,
-                  NB: tl.constexpr):
+                  NB: tl.constexpr, SIGMA: tl.constexpr, PTX: tl.constexpr):
     row = tl.program_id(0)
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     raw_v, raw_i = argmax_pair(tl.load(raw_v_ptr + parts), tl.load(raw_i_ptr + parts))
@@ -125,7 +127,8 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
     k = tl.load(k_ptr + row)
     p = tl.load(p_ptr + row)
     lmp = tl.load(lmp_ptr + row)
-    mode, topk, topp, minp = row_flags(tl.load(t_ptr + row), k, p, lmp, ncols)
+    sig = sigma_on(nsig_ptr, row, SIGMA)
+    mode, topk, topp, minp = row_flags(tl.load(t_ptr + row), k, p, lmp, sig, ncols)
     valid = tl.where(mode == GREEDY, raw_v > NEG_INF, tl.where(mode == PLAIN, best_v > NEG_INF, m > NEG_INF))
     # the guard's token is x's argmax; the scan has it only for greedy rows, and a row off
     # greedy needs it only when every x / T is -inf: x has no entry above -inf (then column 0)
@@ -143,6 +146,11 @@ def select_kernel(x_ptr, stride, t_ptr, k_ptr, p_ptr, lmp_ptr, ncols, col_offset
     elif mode == FILTER:
         topp = topp & (m < float("inf"))
         t1 = tl.where(minp, m + lmp, NEG_INF)
+        if SIGMA:
+            if sig:             # top-n-sigma's threshold joins min-p's (sigma.py)
+                t1 = tl.maximum(t1, sigma_threshold(row, tl.load(nsig_ptr + row), sig_sums, sig_top, sig_scale,
+                                                    NSPLIT, PTX))
+            minp = minp | sig   # a threshold below the max, as min-p's (range_for_top_p: S >= 1)
         tl.store(st_t1 + row, t1)
         tkey = eligible_key(t1)
         if valid:

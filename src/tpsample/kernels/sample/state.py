@@ -228,7 +228,9 @@ class Workspace:
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, hist_width(cfg)), i32),
                   ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
-                  ("xf", rows, f32), ("arrive", rows, i32), ("top_bin", rows, i32), ("top_mass", rows, i64)]
+                  ("xf", rows, f32), ("arrive", rows, i32), ("top_bin", rows, i32), ("top_mass", rows, i64),
+                  ("sig_lo", n, f32), ("sig_hi", n, f32), ("sig_sums", (n, 3), i64), ("sig_top", rows, f32),
+                  ("sig_scale", rows, torch.float64)]
         sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
         offsets, total = [], 0
         for b in sizes:
