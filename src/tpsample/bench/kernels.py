@@ -1,7 +1,8 @@
 """`tpsample bench kernels`: the fused Triton kernels against torch and FlashInfer.
 
 Matrix: rows x vocab x dtype x logit shape (randn x 3; a peaked Zipf-like row) x configuration
-(greedy; temperature; top-k 50 + top-p 0.9; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
+(greedy; temperature; top-k 50 + top-p 0.9, also with top-n-sigma 1, whose cost is that
+row's difference; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
 median of CUDA-event timings after warm-up (host launch time included, as a caller sees it),
 the extra memory (allocator peak minus the baseline with the inputs allocated, plus the
 kernels' cached workspace), and GB/s of one read of the logits against a device copy
@@ -25,10 +26,12 @@ CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
     "greedy": (0.0, 0, 1.0, 0.0, 0),
     "temperature": (0.8, 0, 1.0, 0.0, 0),
     "topk50_topp0.9": (0.8, 50, 0.9, 0.0, 0),
+    "topk50_topp0.9_nsigma1": (0.8, 50, 0.9, 0.0, 0),
     "topp0.9": (0.8, 0, 0.9, 0.0, 0),
     "minp0.05": (0.8, 0, 1.0, 0.05, 0),
     "logprobs5": (0.8, 0, 1.0, 0.0, 5),
 }
+N_SIGMA = {"topk50_topp0.9_nsigma1": 1.0}     # configurations with top-n-sigma: n
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -99,8 +102,9 @@ def ours(config, x, t, k, p, lmp, key0, key1):
     from ..kernels import sample as dispatch
     if CONFIGS[config][4]:
         return lambda: dispatch.logprob_stats(x, temperature=t, n=CONFIGS[config][4])
-    hints = dispatch.hints_from_params(t, k, p, lmp, x.shape[1])
-    return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints)
+    n_sigma = torch.full_like(t, N_SIGMA[config]) if config in N_SIGMA else None
+    hints = dispatch.hints_from_params(t, k, p, lmp, x.shape[1], n_sigma)
+    return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, n_sigma=n_sigma)
 
 
 @functools.cache
