@@ -111,6 +111,26 @@ def test_the_kernels_leave_these_rows_to_the_torch_backend_with_equal_results(mo
     _check(sampler, ids, randn_logits(len(ids), 0, seed=5))
 
 
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_kernels_give_raw_logits_themselves_bitwise_the_torch_backends(monkeypatch):
+    from scenarios import kernels_beside_torch
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
+    params = [SP(temperature=(0.0, 0.7, 1.3)[i % 3], top_k=(-1, 20)[i % 2], seed=i, logprobs=(0, 3, 5)[i % 3],
+                 logprobs_mode=("raw_logits", "raw_logprobs", "raw_logits", "temperature_logprobs")[i % 4])
+              for i in range(12)]
+    x = randn_logits(len(params), 1)
+    x[2, :30] = -INF
+    slow, mixed, alone = kernels_beside_torch(params, x)
+    assert slow == [3, 7, 11]                        # logprobs after the temperature stay torch's
+    logits = [i for i, p in enumerate(params) if p.logprobs_mode == "raw_logits"]
+    assert torch.equal(mixed.emitted, alone.emitted) and torch.equal(mixed.lp_ids, alone.lp_ids)
+    assert torch.equal(mixed.lp_vals[logits], alone.lp_vals[logits])            # the values themselves
+    assert torch.equal(mixed.lp_vals[logits, 0], x[logits].gather(1, mixed.emitted[logits, None])[:, 0])
+    assert torch.allclose(mixed.lp_vals, alone.lp_vals, atol=1e-5) and torch.equal(mixed.lp_ranks, alone.lp_ranks)
+
+
 def _run(group, strategy: str) -> list:
     """Every strategy's tokens, logprobs and kept supports over 3 steps of the same requests."""
     sampler = tpsample.Sampler(V, strategy=strategy, group=group, seed=0, eos_token_id=EOS, max_logprobs=V,

@@ -20,6 +20,7 @@ import torch
 from ..kernels.config import row_hints
 from ..kernels.gate import kernels_wanted
 from ..noise import SALT_DRAW
+from ..state.columns import LP_LOGITS
 from ..state.rows import HostRows, RowBatch
 from . import processors as P
 
@@ -144,11 +145,14 @@ KERNELS = KernelSteps()
 def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):
     """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
     streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
-    lays the rows out: no [rows, V] buffer."""
+    lays the rows out: no [rows, V] buffer. Rows asking for raw logits take lse 0 (their values
+    as they are, as `logprobs.row_logprobs` gives them)."""
     k = _kernels()
     n = b.logprobs_max
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
     lse, top_v, top_i, above = k.sample.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
+    if b.host.lp_kind is not None and (b.host.lp_kind == LP_LOGITS).any():    # raw logits: the values themselves
+        lse = torch.where(b.column("lp_kind").to(lse.device) == LP_LOGITS, torch.zeros_like(lse), lse)
     src = b.source
     return k.stats.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
                                    _kernel_columns(src.layout)[1], 1 + n)

@@ -11,8 +11,8 @@
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, XTC, other logprob
-  values, a kept support) are sampled
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, XTC, logprobs after the
+  temperature, a kept support) are sampled
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..numerics import NEG_INF
+from ..state.columns import LP_TEMPERATURE
 from ..state.rows import RowBatch
 from .kernel_backend import KERNELS, kernels_apply
 from .logprobs import empty_logprobs, put_logprobs
@@ -111,12 +112,17 @@ def _backend(a: SampleArgs):
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs, XTC, logprob
-    values other than the raw log-softmax, a kept support (found once per set of rows)."""
+    """Rows the kernels do not finish: draft verification, processed logprobs, XTC, logprobs
+    after the temperature, a kept support (found once per set of rows). Raw logits they give."""
     got = host.memo.get("slow")
     if got is None:
-        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed)
-                                                 | host.uses("xtc_probability") | host.beyond_logprobs())
+        asks = host.num_logprobs >= 0
+        slow = host.has_draft | (asks & host.processed) | host.uses("xtc_probability")
+        if host.lp_kind is not None:
+            slow |= asks & (host.lp_kind == LP_TEMPERATURE)
+        if host.kept_cap is not None:
+            slow |= host.kept_cap >= 0
+        got = host.memo["slow"] = np.flatnonzero(slow)
     return got
 
 
