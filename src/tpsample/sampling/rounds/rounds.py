@@ -120,9 +120,9 @@ def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:
 class _Winners:
     """Row-wide (value, id, logprob-row value) of the guard, greedy and drawn pairs."""
 
-    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None, listed=None):
+    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None):
         self.guard, self.greedy, self.drawn, self.num_nans = guard, greedy, drawn, num_nans
-        self.band_parts, self.listed = band_parts, listed     # band rows: gathered partials, own list
+        self.band_parts = band_parts                         # band rows: the gathered partials
 
 
 def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
@@ -137,10 +137,9 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
     f_pairs = p.add(torch.stack(cols + [nans.to(torch.int32)], dim=1))
     f_band = None
     if band is not None:
-        part, listed = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
-                                                b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size))
-        if b.lp_proc_rows is not None:
-            part["count"] = listed.counts()
+        part = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
+                                        b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size),
+                                        with_counts=b.lp_proc_rows is not None)
         f_band = {k: p.add(v) for k, v in part.items()}
     got = p.gather(red)
     g = got[f_pairs]                                                     # [P, n, 6 (+3) + 1]
@@ -152,7 +151,7 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
         out.append((take(vals, win), take(ids, win), lpv))
     num_nans = g[:, :, -1].to(torch.int64).sum(dim=0)
     band_parts = None if f_band is None else {k: got[i] for k, i in f_band.items()}
-    return _Winners(*out, num_nans, band_parts, listed if band is not None else None)
+    return _Winners(*out, num_nans, band_parts)
 
 
 def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact):
@@ -175,9 +174,8 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
     band_lp = None
     if idx is not None:
         br, rows = th.bracket, band[idx]
-        lst = topp_band.BandList(w.listed.values[idx], w.listed.ids[idx], w.listed.sub[idx])
         band_lp = topp_band_lp.BandLp(rows, thr[rows], br.a[idx].float(), br.b[idx].float(), br.sub_scale()[idx],
-                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx], lst,
+                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx],
                                       ~failed[idx])
     which = failed.nonzero().squeeze(1)       # the step's one host read (band rows only)
     if which.numel():
