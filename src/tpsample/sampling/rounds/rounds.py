@@ -4,20 +4,21 @@ recipe (`sampling/recipe.py`).
 `ROUNDS`' steps give the same results as the torch backend on the full rows (the same
 thresholds, noise and tie rules), but talk in a fixed number of rounds, each one `red.gather`
 of a packed buffer:
-1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma): per part its top
+1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma, or a sampled row
+   verifies against a draft distribution): per part its top
    values, tie counts, for top-p rows without top-k a mass histogram (summary.py, topp_band.py)
    and for top-n-sigma rows its integer sums (after one max all-reduce of the rows' ends). Every
    rank then derives the same thresholds and draws its columns locally.
 2. winners: per part its guard / greedy / drawn (value, id) pairs, NaN counts, the winners'
-   logprob-row values and the band rows' exact partials (topp_band.py).
-3. logprobs, when a row wants them (split_logprobs.py).
+   logprob-row values, the band rows' exact partials (topp_band.py) and the draft rows'
+   statistics (drafts.py).
+3. the residual draw, when a sampled row verifies against a draft distribution (drafts.py).
+4. logprobs, when a row wants them (split_logprobs.py).
 Greedy and temperature-only batches need round 2 only. A band row that round 2 cannot decide
 (rare; `ROUNDS_EXACT` sends every band row there, for tests) takes the exact path: a radix search for v*
 (4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of the
 step, and happens only when the batch has band rows. No other round depends on the data.
-Drafts (drafts.py): deterministic ones are settled from the winners; rows verifying against a
-draft distribution add their statistics to rounds 1 and 2 and draw the residual in one more
-round (before the logprobs).
+Deterministic drafts are settled from the winners alone (drafts.py).
 """
 from __future__ import annotations
 
