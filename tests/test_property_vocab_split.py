@@ -124,8 +124,9 @@ class CountingShards(ThreadShards):
         return super()._exchange(x)
 
 
-def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False):
-    """The vocab-parallel rounds on every column part (threads as ranks); (results, collectives per rank)."""
+def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False, q=None):
+    """The vocab-parallel rounds on every column part (threads as ranks); (results, collectives
+    per rank). q: optional [rows, vocab] draft distributions, split like x."""
     from tpsample.sampling.rounds.rounds import ROUNDS, ROUNDS_EXACT
     vocab = x.shape[1]
     shared = {"slots": [None] * tp, "barrier": threading.Barrier(tp, timeout=60)}
@@ -134,8 +135,9 @@ def run_split_rounds(x: torch.Tensor, batch, tp: int, force_exact: bool = False)
     def rank_main(r):
         try:
             s, e = vocab_shard(vocab, tp, r)
-            results[r] = _recipe(SampleArgs(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp)),
-                                 backend=ROUNDS_EXACT if force_exact else ROUNDS)
+            part_q = None if q is None else q[:, s:e].contiguous()
+            results[r] = _recipe(SampleArgs(x[:, s:e].contiguous(), s, batch, CountingShards(shared, r, tp),
+                                            draft_probs=part_q), backend=ROUNDS_EXACT if force_exact else ROUNDS)
         except BaseException as exc:   # surface errors from the thread
             errors.append(exc)
             shared["barrier"].abort()

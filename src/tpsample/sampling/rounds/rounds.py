@@ -4,18 +4,21 @@ recipe (`sampling/recipe.py`).
 `ROUNDS`' steps give the same results as the torch backend on the full rows (the same
 thresholds, noise and tie rules), but talk in a fixed number of rounds, each one `red.gather`
 of a packed buffer:
-1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma): per part its top
+1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma, or a sampled row
+   verifies against a draft distribution): per part its top
    values, tie counts, for top-p rows without top-k a mass histogram (summary.py, topp_band.py)
    and for top-n-sigma rows its integer sums (after one max all-reduce of the rows' ends). Every
    rank then derives the same thresholds and draws its columns locally.
 2. winners: per part its guard / greedy / drawn (value, id) pairs, NaN counts, the winners'
-   logprob-row values and the band rows' exact partials (topp_band.py).
-3. logprobs, when a row wants them (split_logprobs.py).
+   logprob-row values, the band rows' exact partials (topp_band.py) and the draft rows'
+   statistics (drafts.py).
+3. the residual draw, when a sampled row verifies against a draft distribution (drafts.py).
+4. logprobs, when a row wants them (split_logprobs.py).
 Greedy and temperature-only batches need round 2 only. A band row that round 2 cannot decide
 (rare; `ROUNDS_EXACT` sends every band row there, for tests) takes the exact path: a radix search for v*
 (4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of the
 step, and happens only when the batch has band rows. No other round depends on the data.
-Rows verifying drafts and draft distributions are not handled here (the caller uses sample_rows).
+Deterministic drafts are settled from the winners alone (drafts.py).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from .. import top_n_sigma
 from ..draw import emitted_tokens, local_gumbel_draw
 from ..thresholds import _radix_search
 from ..torch_backend import front, note_memory
-from . import summary, topp_band, topp_band_lp
+from . import drafts, summary, topp_band, topp_band_lp
 from .packing import Packet, best_part, take
 from .split_logprobs import LpRows, logprob_round
 
@@ -41,12 +44,13 @@ class _Step:
     def __init__(self, a, f):
         b, dev = a.batch, a.x.device
         self.a, self.f = a, f
-        self.needs = summary.RowNeeds.of(b)
+        self.dr = drafts.DraftRows.of(a)                          # rows verifying against a distribution
+        self.needs = summary.RowNeeds.of(b, row_max=self.dr is not None)
         self.band = torch.from_numpy(self.needs.band).to(dev, non_blocking=True) if len(self.needs.band) else None
         self.th = None                                            # round 1's thresholds, when it runs
         self.thr = torch.full((b.num_rows,), NEG_INF, device=dev)
         self.lp = self.drawn = self.w = self.band_lp = None
-        self.fallback = self.is_greedy = None
+        self.fallback = self.is_greedy = self.vx_draft = None
 
 
 class ShardRounds:
@@ -84,19 +88,26 @@ class ShardRounds:
     def guard(self, st: _Step) -> tuple:
         a, f = st.a, st.f
         b, l, red, dev = a.batch, f.l, a.red, a.x.device
-        st.w = w = _winners(red, l, [f.guard, f.greedy, st.drawn], f.nans, st.lp, b, st.band, st.th, a.col_start)
+        st.w = w = _winners(red, l, [f.guard, f.greedy, st.drawn], f.nans, st.lp, b, st.band, st.th, a.col_start,
+                            st.dr)
         if st.band is not None:
             st.exact_rows, st.band_lp = _settle_band(w, l, b, red, st.band, st.thr, st.th, st.lp, st.needs, a.col_start,
                                                   self.force_exact)
         st.is_greedy = b.greedy.to(dev)
         emitted, fallback = emitted_tokens(st.is_greedy, w.guard, w.greedy, w.drawn)    # 12
-        st.fallback = fallback
+        st.fallback, accepted = fallback, torch.zeros_like(fallback)
+        if b.drafts_any:                                                  # + round 3 for draft distributions
+            residual = None if st.dr is None else st.dr.residual(l, st.thr, b, a.col_start, red, st.lp)
+            emitted, accepted, st.vx_draft = drafts.verdict(st.dr, b, emitted, fallback, residual)
         note_memory(a.meter, f)
-        return emitted, torch.zeros_like(fallback), fallback, w.num_nans, None
+        return emitted, accepted, fallback, w.num_nans, None
 
     def logprobs(self, st: _Step, emitted: torch.Tensor) -> tuple:          # 11: round 3
         b, w = st.a.batch, st.w
         vx = torch.where(st.fallback, w.guard[2], torch.where(st.is_greedy, w.greedy[2], w.drawn[2]))
+        if st.vx_draft is not None:       # rows that emitted their draft or the residual draw
+            rows = st.dr.rows
+            vx = vx.index_put((rows,), torch.where(st.fallback[rows] | st.vx_draft.isnan(), vx[rows], st.vx_draft))
         return logprob_round(st.lp, emitted, vx, b.num_logprobs, b.logprobs_max, st.a.red, st.band_lp,
                              mass_shift(b.vocab_size))
 
@@ -120,13 +131,14 @@ def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:
 class _Winners:
     """Row-wide (value, id, logprob-row value) of the guard, greedy and drawn pairs."""
 
-    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None, listed=None):
+    def __init__(self, guard, greedy, drawn, num_nans, band_parts=None):
         self.guard, self.greedy, self.drawn, self.num_nans = guard, greedy, drawn, num_nans
-        self.band_parts, self.listed = band_parts, listed     # band rows: gathered partials, own list
+        self.band_parts = band_parts                         # band rows: the gathered partials
 
 
-def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
-    """Round 2: one gather of the local pairs (+ logprob-row values) and the band partials."""
+def _winners(red, l, pairs, nans, lp, b, band, th, col_start, dr=None) -> _Winners:
+    """Round 2: one gather of the local pairs (+ logprob-row values), the band partials and the
+    draft rows' statistics (drafts.DraftRows, settled here)."""
     n, dev = l.shape[0], l.device
     p = Packet()
     rows = torch.arange(n, device=dev)
@@ -137,12 +149,14 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
     f_pairs = p.add(torch.stack(cols + [nans.to(torch.int32)], dim=1))
     f_band = None
     if band is not None:
-        part, listed = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
-                                                b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size))
-        if b.lp_proc_rows is not None:
-            part["count"] = listed.counts()
+        part = topp_band.local_partials(l, None if lp is None else lp.at, band, th.thr[band], th.bracket,
+                                        b.seeds[band], b.positions[band], col_start, mass_shift(b.vocab_size),
+                                        with_counts=b.lp_proc_rows is not None)
         f_band = {k: p.add(v) for k, v in part.items()}
+    f_draft = None if dr is None else dr.add_local(p, l, th.thr, th.row_max, col_start, lp)
     got = p.gather(red)
+    if dr is not None:
+        dr.settle(got, f_draft, b, th.row_max)
     g = got[f_pairs]                                                     # [P, n, 6 (+3) + 1]
     out = []
     for k in range(3):
@@ -152,7 +166,7 @@ def _winners(red, l, pairs, nans, lp, b, band, th, col_start) -> _Winners:
         out.append((take(vals, win), take(ids, win), lpv))
     num_nans = g[:, :, -1].to(torch.int64).sum(dim=0)
     band_parts = None if f_band is None else {k: got[i] for k, i in f_band.items()}
-    return _Winners(*out, num_nans, band_parts, listed if band is not None else None)
+    return _Winners(*out, num_nans, band_parts)
 
 
 def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, force_exact):
@@ -175,9 +189,8 @@ def _settle_band(w: _Winners, l, b, red, band, thr, th, lp, needs, col_start, fo
     band_lp = None
     if idx is not None:
         br, rows = th.bracket, band[idx]
-        lst = topp_band.BandList(w.listed.values[idx], w.listed.ids[idx], w.listed.sub[idx])
         band_lp = topp_band_lp.BandLp(rows, thr[rows], br.a[idx].float(), br.b[idx].float(), br.sub_scale()[idx],
-                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx], lst,
+                                      res.j_star[idx], res.above_j[idx], res.target[idx], br.m_safe[idx],
                                       ~failed[idx])
     which = failed.nonzero().squeeze(1)       # the step's one host read (band rows only)
     if which.numel():

@@ -87,7 +87,7 @@ def logprob_round(lp: LpRows, emitted: torch.Tensor, vx: torch.Tensor, num_logpr
     p = Packet()
     f = [p.add(torch.cat(x)) for x in (m_all, se_all, cnt_all, tv_all, ti_all)]
     if band_lp is not None:
-        f += [p.add(t) for t in topp_band_lp.j_star_tokens(band_lp)]
+        f += [p.add(t) for t in topp_band_lp.j_star_tokens(lp.l, band_lp, lp.col_start)]
     got = p.gather(red)
     pm, pse, pcnt, ptv, pti = (got[i] for i in f[:5])              # [P, m, ...]
     big_m = pm.amax(dim=0)

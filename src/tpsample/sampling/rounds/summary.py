@@ -40,7 +40,8 @@ class RowNeeds:
     sigma: bool = False        # some row uses top-n-sigma: its integer sums travel in round 1
 
     @staticmethod
-    def of(b) -> "RowNeeds":
+    def of(b, row_max: bool = False) -> "RowNeeds":
+        """row_max: round 1 runs for sampled rows even without filters (their max is wanted)."""
         h = b.host
         sampled = h.temperature > 0
         top_p = sampled & (h.top_p < 1)
@@ -49,7 +50,7 @@ class RowNeeds:
         k_max = int(h.top_k.max()) if b.num_rows else 0
         min_p = bool((sampled & (h.min_p > 0)).any())
         sigma = bool(h.uses("top_n_sigma").any())
-        need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0 or sigma)
+        need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0 or sigma or row_max)
         return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need, sigma)
 
 

@@ -12,17 +12,21 @@ and takes b = the lowest edge whose mass above is certainly < p * S and a = the 
 whose mass above is certainly >= p * S. Tokens >= b are then kept, tokens < a dropped.
 
 Round 2 (inside the winners gather): each rank sends exact integer masses over kept tokens (S_r,
-A_r = mass of tokens >= b) and, for K sub-bins splitting [a, b), the sub-bin's exact mass; and,
-from its LIST_LEN largest tokens in [a, b) (the only ones whose noise it hashes again), each
-sub-bin's best draw score with that token's id, value and logprob-row value, the sub-bin's max
-value, and the first sub-bin its list may not hold completely.
+A_r = mass of tokens >= b) and, for NUM_SUB sub-bins splitting [a, b), the sub-bin's exact mass;
+and, over every kept token of [a, b) (each one's noise hashed), each sub-bin's best draw score
+with that token's id, value and logprob-row value, and the sub-bin's max value.
 The draw of tokens >= b is the ordinary draw with threshold max(thr, b). After the gather every
 rank checks EXACTLY (integers, the float64 target of the semantics) that the crossing lies in
 [a, b) and finds the crossing sub-bin j*: sub-bins above it are kept, below it dropped. The
-winner is the best of the kept candidates unless the best token of sub-bin j* beats them and is
-not at j*'s max value (the max value of j* is always kept), or some part's list does not reach
-j*: then the row is undecided and takes the exact path (`failed`). Exactness therefore rests only on the exact round-2 check; the fp64
-bounds decide how often rows fail.
+winner is the best of the kept candidates (tokens >= b, sub-bins above j*) unless the best token
+of sub-bin j* beats them and is not at j*'s max value (the max value of j* is always kept: v*
+lies in j* and is a kept value, so j*'s largest value is >= v*); then the row is undecided and
+takes the exact path (`failed`). Why this is the draw of the full row: the full row's winner is
+the argmax of l + g over tokens >= v*. Tokens >= b and the sub-bins above j* are all >= v*,
+tokens below j* all < v*, so the winner is either the best of the kept candidates or a token of
+j* beating all of them, and that token is the best of j*: kept when its value is j*'s max.
+Exactness therefore rests only on the exact round-2 check; the fp64 bounds decide how often
+rows fail.
 """
 from __future__ import annotations
 
@@ -37,7 +41,6 @@ BIN_SCALE = 8.0          # bins of 1/8 nat on the grid floor(8 x) (a power of tw
 NUM_BINS = 128           # 16 nats below a part's max; a crossing further down takes the exact path
 NUM_SUB = 32             # sub-bins of [a, b) in round 2
 NO_ID = 2**31 - 1        # id of an empty sub-bin (int32, above every token id)
-LIST_LEN = 512           # band tokens per part whose draw scores are computed (the largest)
 # Relative error bound of the round-1 mass estimates against the exact integer masses.
 # Exact: e_i = trunc(exp32(fl32(x_i - M)) * 2**shift). With d = x_i - M <= 0:
 #  - fl32(d) = d (1 + e1), |e1| <= 2**-24, so exp(fl32(d)) = exp(d) exp(d e1); only tokens with
@@ -134,22 +137,30 @@ def bracket(part_max: torch.Tensor, hist: torch.Tensor, thr: torch.Tensor, top_p
 
 
 def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor, br: Bracket,
-                   seeds: torch.Tensor, positions: torch.Tensor, col_start: int, shift: int) -> dict:
+                   seeds: torch.Tensor, positions: torch.Tensor, col_start: int, shift: int,
+                   with_counts: bool = False) -> dict:
     """Round 2: this part's exact masses and per-sub-bin draw candidates for the band rows.
 
-    Masses are exact over every local token. Draw candidates come from the part's LIST_LEN
-    largest band tokens (noise is hashed for those only); `cover` is the first sub-bin the list
-    may not hold completely (NUM_SUB when it holds every band token). lp_at: None, or
-    lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values (sent for each sub-bin's best)."""
+    rows [n] band rows of l, thr [n] their thresholds before top-p, br their brackets. Returns
+    per row: total (int64, the kept mass S_r), above (int64, the kept mass of tokens >= b),
+    mass [n, NUM_SUB] (int64, the kept mass of each sub-bin of [a, b)), with `with_counts`
+    count [n, NUM_SUB] (int32, kept tokens of each sub-bin), and over EVERY kept band token
+    (noise is hashed for each; no list, so every sub-bin's candidate is complete), per sub-bin: score
+    (fp32, the best draw score l + g), id (int32, its global id: ties -> lowest; NO_ID when
+    empty), value (fp32, its l), top (fp32, the sub-bin's largest l) and, with lp_at, lp (its
+    logprob-row value). lp_at: None, or lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values."""
     n, cols, dev = rows.numel(), l.shape[1], l.device
+    k1 = NUM_SUB + 1                                   # the last sub-bin collects everything else
     total = torch.zeros(n, dtype=torch.int64, device=dev)
     above = torch.zeros(n, dtype=torch.int64, device=dev)
-    mass = torch.zeros((n, NUM_SUB + 1), dtype=torch.int64, device=dev)   # the last one collects the rest
-    k = min(LIST_LEN, cols)
-    list_v = torch.full((n, k), NEG_INF, device=dev)
-    list_c = torch.zeros((n, k), dtype=torch.int64, device=dev)
+    mass = torch.zeros((n, k1), dtype=torch.int64, device=dev)
+    count = torch.zeros((n, k1), dtype=torch.int32, device=dev)
+    score = torch.full((n, k1), NEG_INF, device=dev)
+    best_id = torch.full((n, k1), NO_ID, dtype=torch.int64, device=dev)
+    top = torch.full((n, k1), NEG_INF, device=dev)
     a32, b32 = br.a.float(), br.b.float()             # exact: multiples of 1/8 below 2**21
     inv = br.sub_scale()
+    ids = torch.arange(col_start, col_start + cols, device=dev)
     for s, t in row_chunks(n, cols, dev):
         x = l.index_select(0, rows[s:t])
         kept = kept_mask(x, thr[s:t])
@@ -160,30 +171,23 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
         inband = kept & ~hi & (x >= a32[s:t].unsqueeze(1))
         j = _sub_bin(x, b32[s:t], inv[s:t]).masked_fill_(~inband, NUM_SUB)
         mass[s:t].scatter_add_(1, j, e * inband)
-        if k:
-            list_v[s:t], list_c[s:t] = torch.topk(x.masked_fill(~inband, NEG_INF), k, dim=1)
-        del x, e, j, kept, hi, inband
-    out = _candidates(l, rows, list_v, list_c, b32, inv, seeds, positions, col_start, lp_at)
-    cutoff = list_v[:, -1] if k else torch.full((n,), NEG_INF, device=dev)
-    cover = torch.where(cutoff > NEG_INF, _sub_bin(cutoff.unsqueeze(1), b32, inv).squeeze(1),
-                        torch.full_like(total, NUM_SUB))
-    out.update(total=total, above=above, mass=mass[:, :NUM_SUB], cover=cover)
-    listed = BandList(list_v, list_c + col_start, _sub_bin(list_v, b32, inv).masked_fill_(list_v == NEG_INF, NUM_SUB))
-    return out, listed
-
-
-@dataclass
-class BandList:
-    """This part's largest band tokens (kept locally for the logprob round): values [n, k]
-    descending (-inf padded), global ids [n, k], sub-bins [n, k] (NUM_SUB for padding)."""
-    values: torch.Tensor
-    ids: torch.Tensor
-    sub: torch.Tensor
-
-    def counts(self) -> torch.Tensor:
-        """[n, NUM_SUB] int32 listed tokens per sub-bin."""
-        c = torch.zeros((self.sub.shape[0], NUM_SUB + 1), dtype=torch.int32, device=self.sub.device)
-        return c.scatter_add_(1, self.sub, torch.ones_like(self.sub, dtype=torch.int32))[:, :NUM_SUB]
+        count[s:t].scatter_add_(1, j, inband.to(torch.int32))
+        z = gumbel_noise(seeds[s:t], positions[s:t], ids).add_(x).masked_fill_(~inband, NEG_INF)
+        score[s:t].scatter_reduce_(1, j, z, "amax")
+        hit = inband & (z == score[s:t].gather(1, j))
+        best_id[s:t].scatter_reduce_(1, j, torch.where(hit, ids, NO_ID), "amin")
+        top[s:t].scatter_reduce_(1, j, x.masked_fill_(~inband, NEG_INF), "amax")
+        del x, e, j, kept, hi, inband, z, hit
+    found = best_id < NO_ID
+    col = (best_id - col_start).clamp(0, max(cols - 1, 0))
+    value = torch.where(found, l[rows.unsqueeze(1), col], torch.full_like(score, NEG_INF))
+    out = {"total": total, "above": above, "mass": mass, "score": score, "id": best_id.to(torch.int32),
+           "value": value, "top": top}
+    if with_counts:
+        out["count"] = count
+    if lp_at is not None:
+        out["lp"] = lp_at(rows, best_id)
+    return {k: v[:, :NUM_SUB] if v.dim() == 2 else v for k, v in out.items()}
 
 
 def _sub_bin(x: torch.Tensor, b32: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -192,30 +196,6 @@ def _sub_bin(x: torch.Tensor, b32: torch.Tensor, inv: torch.Tensor) -> torch.Ten
     evaluates it on the same inputs, so sub-bins are ordered by value on every part."""
     j = ((b32.unsqueeze(1) - x) * inv.unsqueeze(1)).floor_().nan_to_num_(0.0, 0.0, 0.0)
     return j.clamp_(0, NUM_SUB - 1).to(torch.int64)
-
-
-def _candidates(l, rows, list_v, list_c, b32, inv, seeds, positions, col_start, lp_at) -> dict:
-    """Per sub-bin, from the listed band tokens: the best draw score, its id, value and
-    logprob-row value, and the sub-bin's largest listed value."""
-    n, dev = rows.numel(), l.device
-    real = list_v > NEG_INF
-    ids = list_c + col_start
-    z = gumbel_noise(seeds, positions, ids).add_(list_v).masked_fill_(~real, NEG_INF)
-    j = _sub_bin(list_v, b32, inv).masked_fill_(~real, NUM_SUB)
-    k1 = NUM_SUB + 1
-    best = torch.full((n, k1), NEG_INF, device=dev).scatter_reduce_(1, j, z, "amax")
-    hit = real & (z == best.gather(1, j))
-    best_id = torch.full((n, k1), NO_ID, dtype=torch.int64, device=dev).scatter_reduce_(
-        1, j, torch.where(hit, ids, torch.full_like(ids, NO_ID)), "amin")
-    top = torch.full((n, k1), NEG_INF, device=dev).scatter_reduce_(1, j, list_v, "amax")
-    found = best_id < NO_ID
-    col = (best_id - col_start).clamp(0, max(l.shape[1] - 1, 0))
-    val = torch.where(found, l[rows.unsqueeze(1), col], torch.full_like(best, NEG_INF))
-    out = {"score": best[:, :NUM_SUB], "id": best_id[:, :NUM_SUB].to(torch.int32), "value": val[:, :NUM_SUB],
-           "top": top[:, :NUM_SUB]}
-    if lp_at is not None:
-        out["lp"] = lp_at(rows, best_id[:, :NUM_SUB])
-    return out
 
 
 @dataclass
@@ -241,7 +221,6 @@ def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) 
     tgt = target.unsqueeze(1)
     inside = ok & (cf[:, 0] < target) & (cf[:, -1] >= target)
     j_star = (cf[:, 1:] >= tgt).int().argmax(dim=1)                  # first sub-bin reaching p * S
-    covered = parts["cover"].amin(dim=0) > j_star                     # every part listed sub-bins <= j*
     win = best_part(parts["score"], parts["id"])                      # per sub-bin, across parts
     score, tok = take(parts["score"], win), take(parts["id"], win).to(torch.int64)
     value = take(parts["value"], win)
@@ -260,7 +239,7 @@ def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) 
     s_v, s_top, s_l = value.gather(1, js).squeeze(1), top.gather(1, js).squeeze(1), lp.gather(1, js).squeeze(1)
     star_wins = (s_s > w_s) | ((s_s == w_s) & (s_i < w_i))
     decided = s_v == s_top                                            # j*'s max value is always kept
-    failed = ~inside | ~covered | (star_wins & ~decided)
+    failed = ~inside | (star_wins & ~decided)
     use = star_wins & decided
     return BandResult(torch.where(use, s_s, w_s), torch.where(use, s_i, w_i), torch.where(use, s_l, w_l),
                       failed, total, target, j_star, cum.gather(1, j_star.unsqueeze(1)).squeeze(1))

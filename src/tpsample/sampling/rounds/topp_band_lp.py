@@ -7,7 +7,7 @@ it (C_j*) and the target p * S. In the logprob round each part then sends, for s
   kept tokens (>= b, or in a sub-bin above j*): every token above the emitted one is among them
   (the emitted token is kept: it is certain, or j*'s max value), so the count is exact;
 - its tokens of sub-bin j* (value, id), at most JSTAR_LEN (more: the row took the exact path
-  after round 2, from the listed counts).
+  after round 2, from the sub-bins' token counts).
 Every rank then finds v* exactly (the walk of thresholds.py from C_j* over the gathered j* tokens'
 integer masses) and adds the kept j* tokens to the log-sum-exp and to the top-n. Top-n entries
 of -inf (rows keeping fewer than n tokens) are the lowest ids among dropped tokens: each part's
@@ -40,7 +40,6 @@ class BandLp:
     above_j: torch.Tensor      # [m] int64 exact kept mass above sub-bin j*
     target: torch.Tensor       # [m] fp64
     m_safe: torch.Tensor       # [m] fp32 global max (masses are relative to it)
-    listed: topp_band.BandList  # this part's listed band tokens of these rows
     active: torch.Tensor       # [m] bool: decided in round 2 (else the exact path masked the row)
 
 
@@ -54,17 +53,20 @@ def certain_rows(l: torch.Tensor, bl: BandLp) -> torch.Tensor:
     return x.masked_fill_(~(kept & (hi | above)), NEG_INF)
 
 
-def j_star_tokens(bl: BandLp) -> tuple[torch.Tensor, torch.Tensor]:
-    """This part's listed tokens of sub-bin j*: (values [m, JSTAR_LEN] desc, ids int32)."""
-    lst = bl.listed
-    v = lst.values.masked_fill(lst.sub != bl.j_star.unsqueeze(1), NEG_INF)
-    k = min(JSTAR_LEN, v.shape[1])
-    vals = torch.full((v.shape[0], JSTAR_LEN), NEG_INF, device=v.device)
-    ids = torch.full((v.shape[0], JSTAR_LEN), -1, dtype=torch.int32, device=v.device)
+def j_star_tokens(l: torch.Tensor, bl: BandLp, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This part's kept tokens of sub-bin j*: (values [m, JSTAR_LEN] desc, -inf padded; global ids
+    int32, -1 padded). A row with more of them took the exact path (round 2's counts)."""
+    x = l.index_select(0, bl.rows)
+    j = topp_band._sub_bin(x, bl.b, bl.inv)
+    inside = kept_mask(x, bl.thr) & (x >= bl.a.unsqueeze(1)) & (x < bl.b.unsqueeze(1)) & (j == bl.j_star.unsqueeze(1))
+    x.masked_fill_(~inside, NEG_INF)
+    k = min(JSTAR_LEN, x.shape[1])
+    vals = torch.full((x.shape[0], JSTAR_LEN), NEG_INF, device=x.device)
+    ids = torch.full((x.shape[0], JSTAR_LEN), -1, dtype=torch.int32, device=x.device)
     if k:
-        top, pos = torch.topk(v, k, dim=1)
+        top, pos = torch.topk(x, k, dim=1)
         vals[:, :k] = top
-        ids[:, :k] = torch.where(top > NEG_INF, lst.ids.gather(1, pos), torch.full_like(pos, -1)).to(torch.int32)
+        ids[:, :k] = torch.where(top > NEG_INF, pos + col_start, torch.full_like(pos, -1)).to(torch.int32)
     return vals, ids
 
 
