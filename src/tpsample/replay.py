@@ -1,7 +1,7 @@
 """Replaying a decode step instead of launching it again: CUDA graphs, launch lists, and when.
 
 A `Sampler.sample` call costs the host a few hundred microseconds of launches and Python; a
-replay about forty. Three ways, one policy:
+replay about forty. Four ways, one policy:
 
 - `CapturedStep` (`Sampler.capture(plan, logits)`): the step's device work (the Sampler's
   `_device_steps`: the strategy's before and after, the recipe, the history append) and the
@@ -11,24 +11,34 @@ replay about forty. Three ways, one policy:
 - `TapedStep`: the same step recorded as its list of Triton launches with their arguments
   (`kernels.launcher.LaunchList`), replayed over any logits buffer of the same shape, strides,
   dtype, device and 16-byte alignment (an engine whose LM head allocates its output per step).
-  A step that did device work outside the kernels (torch ops: penalties, processors) or whose
-  launches are not all repeatable is marked `refused` and is not replayed.
 - `AutoGraph` (`Sampler(auto_graph=True)`, TP = 1 on CUDA): after `AFTER` consecutive eager
   calls with the same plan object over the same buffer it captures the step and replays it
   while both stay the same; when the plan repeats but the buffer moves it records a launch list
   and replays that over each new buffer.
+- `launch_at(sites, site, tensors, inputs, launch)`: the ops' launch lists (`tpsample.ops`), one
+  per *site*: everything the launches were specialised on (shapes, strides, dtypes, 16-byte
+  alignment, device, stream and the caller's own switches). A site's first call is recorded;
+  later calls issue its list with their tensors' pointers. No plan or table can go stale under
+  it: the site key is all a list depends on.
 
-What may be recorded (`check_capturable`, a `ValueError` naming the cause): no drafts, no
-grammar mask, no processed logprobs, no top-n-sigma, XTC, kept support or logprob values other
-than the raw log-softmax (rows the torch backend samples), no request still below its
-min_tokens, and at TP > 1 an NCCL group. Each replay first runs `ReplayGuard` on the host (no
-device read): the plan went stale (a request left or its slot was reused), the reserved
-history would overflow, or a table the recording reads was reallocated -> `ValueError` (capture again; `AutoGraph` then samples
-eagerly and counts again). Per replay the noise keys advance with the positions on the device,
-penalties read each slot's ascending history at its length on the device, and recorded history
-views span the whole reserve (`History.full_width`). An output's host fields are its own once
-read; its `device_*` fields are the recording's static tensors, which the next replay
-overwrites. Never imports `model` or `engine`.
+The policy, for all four. *What is refused*, for a Sampler step (`check_capturable`, a
+`ValueError` naming the cause): no drafts, no grammar mask, no processed logprobs, no
+top-n-sigma, XTC, kept support or logprob values other than the raw log-softmax (rows the torch
+backend samples), no request still below its min_tokens, and at TP > 1 an NCCL group; for any
+launch list (`record_launches`): device work outside the kernels (torch ops: penalties,
+processors, a first call creating caches), a launch that compiled a kernel, or an input read in
+another dtype or layout; and a call whose inputs share memory is never recorded (a list maps
+each pointer to one role). A recording refused that way is not kept (the call it ran is still
+that call's result). An ops site records again on a later call, up to `RECORD_TRIES` refusals
+(its first call may create caches); a Sampler step is recorded after a warm-up step, so its
+refusal is final for the plan. *When a recording is stale*: each replay of a Sampler step first runs `ReplayGuard`
+on the host (no device read): the plan went stale (a request left or its slot was reused), the
+reserved history would overflow, or a table the recording reads was reallocated -> `ValueError`
+(capture again; `AutoGraph` then samples eagerly and counts again). Per replay the noise keys
+advance with the positions on the device, penalties read each slot's ascending history at its
+length on the device, and recorded history views span the whole reserve (`History.full_width`).
+An output's host fields are its own once read; its `device_*` fields are the recording's static
+tensors, which the next replay overwrites. Never imports `model` or `engine`.
 """
 from __future__ import annotations
 
@@ -43,6 +53,45 @@ from .sampling.output import ReplayResults, SamplerOutput
 
 AFTER = 4             # consecutive identical eager calls before a recording (the capture costs a few ms)
 RESERVE_TOKENS = 1024
+RECORD_TRIES = 3      # refused launch-list recordings of one key before it launches eagerly for good
+MAX_SITES = 32        # ops sites kept (the oldest goes first)
+
+
+def buffer_key(t: torch.Tensor) -> tuple:
+    """What a launch list's kernels were specialised on for one tensor it is replayed over."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 == 0)
+
+
+def record_launches(device_type: str, tensors: list, run, views: bool = False) -> tuple:
+    """(run()'s result, its LaunchList over `tensors` or None, why none or None): `run` launches
+    while recorded; the list is refused for device work outside the kernels, a compile, or a
+    tensor read in another dtype or layout (module docstring)."""
+    with recorded(device_type) as (tape, work):
+        result = run()
+    if work.found:
+        return result, None, f"device work outside the kernels ({', '.join(sorted(set(work.found)))})"
+    try:
+        return result, LaunchList(tape, tensors, views=views), None
+    except ValueError as e:
+        return result, None, str(e)
+
+
+def launch_at(sites: dict, site, tensors: list, inputs: int, launch) -> None:
+    """`launch()` over `tensors` (the first `inputs` the caller's, the rest outputs it made), or
+    the site's launch list issued over them. `sites` maps a site to its LaunchList or to the
+    number of its refused recordings; the caller keeps it (one dict per kind of call)."""
+    got = sites.get(site, 0)
+    if not isinstance(got, int):
+        got.launch(tensors)
+        return
+    ptrs = {t.data_ptr() for t in tensors[:inputs]}
+    if got >= RECORD_TRIES or len(ptrs) < inputs:
+        launch()
+        return
+    if site not in sites and len(sites) >= MAX_SITES:
+        sites.pop(next(iter(sites)))
+    _, tape, _ = record_launches(tensors[0].device.type, tensors, launch)
+    sites[site] = tape or got + 1
 
 
 def check_capturable(sampler, plan) -> None:
@@ -177,18 +226,12 @@ class TapedStep(_Recording):
     def __init__(self, sampler, plan, logits: torch.Tensor, reserve_tokens: int = RESERVE_TOKENS):
         check_capturable(sampler, plan)
         super().__init__(sampler, plan, logits, reserve_tokens)
-        self.key = _buffer_key(logits)
+        self.key = buffer_key(logits)
         store = sampler.store
-        with store.history.full_width(), recorded(logits.device.type) as (tape, work):
-            block, logprobs, *_ = sampler._device_steps(logits, plan, sampler._step_inputs())
-        self.refused = None
-        if work.found:
-            self.refused = f"device work outside the kernels ({', '.join(sorted(set(work.found)))})"
-        else:
-            try:
-                self._launches = LaunchList(tape, [logits], views=True)
-            except ValueError as e:
-                self.refused = str(e)
+        with store.history.full_width():
+            (block, logprobs, *_), self._launches, self.refused = record_launches(
+                logits.device.type, [logits], lambda: sampler._device_steps(logits, plan, sampler._step_inputs()),
+                views=True)
         if self.refused is not None:
             store.history.note_step(plan.slots, plan.rows_per_req)
             self.first = SamplerOutput(block, plan.max_rows, logprobs)
@@ -199,7 +242,7 @@ class TapedStep(_Recording):
         self.first = self._finish()
 
     def matches(self, logits: torch.Tensor) -> bool:
-        return _buffer_key(logits) == self.key
+        return buffer_key(logits) == self.key
 
     def replay(self, logits: torch.Tensor) -> SamplerOutput:
         """Sample the step from `logits` (a buffer matching the recorded one, see `matches`)."""
@@ -212,10 +255,6 @@ class TapedStep(_Recording):
         self._launches.launch([logits])
         self._results.fill()
         return self._finish()
-
-
-def _buffer_key(logits: torch.Tensor) -> tuple:
-    return (logits.shape, logits.stride(), logits.dtype, logits.device, logits.data_ptr() & 15 == 0)
 
 
 class AutoGraph:

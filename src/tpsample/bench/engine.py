@@ -16,7 +16,9 @@ import random
 import tempfile
 import time
 
+from tpsample.bench.measure import copy_bandwidth
 from tpsample.bench.report import finish
+from tpsample.bench.report import print_table as print_whole
 from tpsample.parallel.names import REPORT_ORDER as STRATEGIES
 from tpsample.testing.toy import QWEN2_VOCAB, make_random_checkpoint
 
@@ -133,7 +135,7 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     tp = tp or preset.tp
     strategies = strategies or list(preset.strategies)
     util = bp.memory_utilization(preset, device)
-    bandwidth = bp.copy_bandwidth(device)
+    bandwidth = copy_bandwidth(device)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Progress(transient=True) as progress:
         folder = bp.write_config(tmp, preset.shape, preset.dtype)
@@ -207,14 +209,11 @@ def preset_run(folder: str, name: str, strategy: str, tp: int, device: str, util
 
 
 def print_preset_table(name: str, rows: list[dict], reference: float | None, bandwidth: float | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tpsample.term import console as make_console
+    from tpsample.term import table as make_table
 
-    table = Table(title=f"engine preset {name}")
-    cols = ("strategy", "tokens/s", "x HF", "TPOT ms", "decode step ms", "HBM % (meas / 4.8)", "sampler MiB / rank",
-            "KV blocks", "max running")
-    for col in cols:
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+    table = make_table(f"engine preset {name}", ["strategy", "tokens/s", "x HF", "TPOT\nms", "decode\nstep ms",
+                       "HBM %\n(meas / 4.8)", "sampler\nMiB / rank", "KV\nblocks", "max\nrunning"], left=("strategy",))
     for r in rows:
         meas = f"{100 * r['hbm_fraction_measured']:.0f}" if r["hbm_fraction_measured"] is not None else "-"
         table.add_row(r["strategy"], f"{r['tokens_per_s']:,.0f}",
@@ -222,8 +221,8 @@ def print_preset_table(name: str, rows: list[dict], reference: float | None, ban
                       f"{r['decode_step_ms']:.2f}", f"{meas} / {100 * r['hbm_fraction_nominal']:.0f}",
                       " / ".join(f"{b / 2**20:.0f}" for b in r["sampler_peak_bytes"]), f"{r['kv_blocks']:,}",
                       str(r["max_running"]))
-    console = Console()
-    console.print(table)
+    print_whole(table)
+    console = make_console()
     if reference:
         console.print(f"transformers generate, same GPU and batch: {reference:,.0f} tokens/s")
     if bandwidth:

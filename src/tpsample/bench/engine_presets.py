@@ -88,25 +88,6 @@ def memory_utilization(preset: Preset, device: str) -> float:
     return min(0.95, (weights_bytes_per_rank(preset.shape, preset.tp, size) + preset.headroom_bytes) / total)
 
 
-def copy_bandwidth(device: str) -> float | None:
-    """Device-to-device copy, bytes read + written per second (None off CUDA)."""
-    if device != "cuda":
-        return None
-    import torch
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 2 * 10 * src.numel() / (start.elapsed_time(end) / 1e3)
-
-
 def hf_generate_tokens_per_s(folder: str, prompts: list[list[int]], max_tokens: int, dtype: str) -> float:
     """transformers' generate on the same GPU and batch: seeded top-k/top-p, exactly max_tokens each."""
     import time

@@ -9,12 +9,14 @@ off, to weigh what it saves). Prints a table per case, then one JSON line.
 """
 from __future__ import annotations
 
+import itertools
 import json
 
 import torch
 
 from ..kernels.config import KernelConfig, fallback_counter, lean_counter, listed_counter
 from .kernels import make_logits, params
+from .measure import kernel_us
 
 KERNELS = ("scan_kernel", "select_kernel", "hist_kernel", "list_kernel", "round_kernel", "finish_kernel",
            "drain_kernel")
@@ -44,22 +46,6 @@ VARIANTS = {   # name: (config, the sampling configurations it applies to; None:
 }
 
 
-def per_kernel_us(fn, iters: int) -> dict:
-    """Device time per call of each sampling kernel fn() launches (after one untimed call)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out: dict = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.name in KERNELS:
-            out[e.name] = out.get(e.name, 0.0) + e.device_time_total / iters
-    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
-
-
 def sweep_case(rows: int, vocab: int, dtype, shape: str, config: str, names: list, iters: int, dev) -> list:
     from ..kernels.sample import hints_from_params, sample_rows
     x = make_logits(shape, rows, vocab, dtype, dev)
@@ -77,7 +63,8 @@ def sweep_case(rows: int, vocab: int, dtype, shape: str, config: str, names: lis
         before = [int(c.item()) for c in counters]
         got = sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, cfg=cfg)[0]
         paths = [int(c.item()) - b for c, b in zip(counters, before)]
-        kernels = per_kernel_us(lambda cfg=cfg: sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, cfg=cfg), iters)
+        kernels = kernel_us(lambda cfg=cfg: sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, cfg=cfg), iters,
+                            dev, KERNELS)
         out.append({"rows": rows, "vocab": vocab, "shape": shape, "config": config, "variant": name,
                     "device_us": round(sum(kernels.values()), 1), "same_tokens": bool(torch.equal(got, want)),
                     "listed_rows": paths[0], "lean_rows": paths[1], "fallback_rows": paths[2], "kernels": kernels})
@@ -94,14 +81,10 @@ def run_sweep(args) -> list:
     names = list(args.sweep or VARIANTS)
     configs = [c for c in args.configs if c in FILTERS or c in ("greedy", "temperature")]
     out = []
-    for rows in args.rows:
-        for vocab in args.vocab:
-            for dt in args.dtypes:
-                for shape in args.shapes:
-                    for config in configs:
-                        got = sweep_case(rows, vocab, DTYPES[dt], shape, config, names, args.iters, args.device)
-                        print_case(got)
-                        out.extend(dict(r, dtype=dt) for r in got)
+    for rows, vocab, dt, shape, config in itertools.product(args.rows, args.vocab, args.dtypes, args.shapes, configs):
+        got = sweep_case(rows, vocab, DTYPES[dt], shape, config, names, args.iters, args.device)
+        print_case(got)
+        out.extend(dict(r, dtype=dt) for r in got)
     print(json.dumps({"bench": "kernel_sweep", "device": torch.cuda.get_device_name(args.device), "results": out}))
     return out
 

@@ -14,13 +14,16 @@ With `--sweep`, the launch-shape sweep of `KernelConfig` instead (`bench.kernel_
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import statistics
 
 import torch
 
-from .measure import profiled_us
+from ..term import table
+from .measure import copy_bandwidth, profiled_us
 from .report import finish
+from .report import print_table as print_whole
 
 CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
     "greedy": (0.0, 0, 1.0, 0.0, 0),
@@ -88,14 +91,6 @@ def device_time_us(fn, iters: int = 5) -> float:
     """Sum of the device time of every kernel fn() launches, per call (host gaps excluded)."""
     fn()
     return profiled_us(fn, iters, "cuda") / iters
-
-
-def copy_bandwidth(device) -> float:
-    """GB/s of a device-to-device copy of 1 GiB (bytes read + written)."""
-    src = torch.empty(2**28, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    ms, _ = time_cuda(lambda: dst.copy_(src), 10, 2, device)
-    return 2 * src.numel() * 4 / ms / 1e6
 
 
 def ours(config, x, t, k, p, lmp, key0, key1):
@@ -170,14 +165,10 @@ def run_bench_kernels(args) -> list:
     if torch.device(args.device).type != "cuda":
         print(json.dumps({"error": "bench kernels needs a CUDA device"}))
         return []
-    bw = copy_bandwidth(args.device)
+    bw = copy_bandwidth(args.device) / 1e9
     out = []
-    for rows in args.rows:
-        for vocab in args.vocab:
-            for dt in args.dtypes:
-                for shape in args.shapes:
-                    for config in args.configs:
-                        out.extend(run_case(rows, vocab, dt, shape, config, args, bw))
+    for case in itertools.product(args.rows, args.vocab, args.dtypes, args.shapes, args.configs):
+        out.extend(run_case(*case, args, bw))
     print_table(out, bw)
     finish({"bench": "kernels", "copy_bw_gbps": round(bw, 1), "device": torch.cuda.get_device_name(args.device),
             "results": out}, getattr(args, "out", None), args.device)
@@ -185,20 +176,10 @@ def run_bench_kernels(args) -> list:
 
 
 def print_table(rows, bw) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        for r in rows:
-            print(r)
-        return
-    table = Table(title=f"tpsample kernels (copy bandwidth {bw:.0f} GB/s)")
-    for col in ("rows", "vocab", "dtype", "shape", "config", "impl", "us", "device us", "extra MiB", "GB/s",
-                "of copy"):
-        table.add_column(col, justify="right")
+    t = table(f"tpsample kernels (copy bandwidth {bw:.0f} GB/s)", ["rows", "vocab", "dtype", "shape", "config", "impl",
+              "us", "device\nus", "extra\nMiB", "GB/s", "of\ncopy"], left=("dtype", "shape", "config", "impl"))
     for r in rows:
-        table.add_row(str(r["rows"]), str(r["vocab"]), r["dtype"], r["shape"], r["config"], r["impl"],
-                      str(r.get("us", r.get("error", ""))), str(r.get("device_us", "")), str(r.get("extra_mib", "")),
-                      str(r.get("gbps", "")),
-                      str(r.get("frac_of_copy_bw", "")))
-    Console(width=160).print(table)
+        t.add_row(*(str(r.get(k, "")) for k in ("rows", "vocab", "dtype", "shape", "config", "impl")),
+                  str(r.get("us", r.get("error", ""))),
+                  *(str(r.get(k, "")) for k in ("device_us", "extra_mib", "gbps", "frac_of_copy_bw")))
+    print_whole(t)

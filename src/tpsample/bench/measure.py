@@ -13,6 +13,8 @@ results on the host; `before()`, when given, runs ahead of every call outside wh
   kernels of collectives). None off CUDA.
 - `extra_bytes`: the allocator's peak during one call above what was allocated before it
   (None off CUDA); `allocated()` is what the allocator holds now, for memory a setup keeps.
+- `kernel_us`: the device time per call of each kernel by name; `copy_bandwidth`: the
+  device-to-device copy bandwidth that achieved bandwidths are stated against.
 """
 from __future__ import annotations
 
@@ -54,8 +56,8 @@ def host_copy_or_nccl(name: str) -> bool:
     return name.startswith(("Memcpy HtoD", "Memcpy DtoH")) or "nccl" in name.lower()
 
 
-def profiled_us(fn, iters: int, device, exclude=None) -> float:
-    """Total device time (us) of the events of `iters` calls of fn(), less the excluded ones."""
+def _profiled(fn, iters: int, device) -> list:
+    """The profiler's events (averaged by name) of `iters` calls of fn()."""
     from torch.profiler import ProfilerActivity, profile
 
     sync(device)
@@ -63,7 +65,38 @@ def profiled_us(fn, iters: int, device, exclude=None) -> float:
         for _ in range(iters):
             fn()
         sync(device)
-    return sum(e.self_device_time_total for e in prof.key_averages() if not (exclude and exclude(e.key)))
+    return prof.key_averages()
+
+
+def profiled_us(fn, iters: int, device, exclude=None) -> float:
+    """Total device time (us) of the events of `iters` calls of fn(), less the excluded ones."""
+    return sum(e.self_device_time_total for e in _profiled(fn, iters, device) if not (exclude and exclude(e.key)))
+
+
+def kernel_us(fn, iters: int, device, names) -> dict:
+    """{kernel: device us per call} of the kernels in `names` fn() launches (after one untimed
+    call), longest first."""
+    fn()
+    got = {e.key: e.self_device_time_total / iters for e in _profiled(fn, iters, device) if e.key in names}
+    return {k: round(v, 1) for k, v in sorted(got.items(), key=lambda kv: -kv[1])}
+
+
+def copy_bandwidth(device) -> float | None:
+    """Bytes read + written per second by a device-to-device copy of 1 GiB (after warm-up);
+    None off CUDA."""
+    if not is_cuda(device):
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    return 2 * 10 * src.numel() / (start.elapsed_time(end) / 1e3)
 
 
 def device_us(call, iters: int, device, before=None, exclude=None, before_us: float | None = None) -> float | None:

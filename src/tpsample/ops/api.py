@@ -14,7 +14,8 @@ Contract:
 - TP = 1 (group None or of size 1): inside a torch.compile trace one `torch.ops.tpsample.sample`
   call (an opaque node); eager, that op's body called directly (the same code, without the
   dispatcher's layers); either records in a CUDA graph. On a kernel device without a bitmask
-  or processed logprobs, repeated calls of one shape replay their launch list (`ops.direct`).
+  or processed logprobs, repeated calls of one shape replay their launch list (`ops.direct`,
+  recorded under `replay.launch_at`).
   TP > 1: eager, the Sampler's strategies.
 """
 from __future__ import annotations

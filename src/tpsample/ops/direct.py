@@ -8,17 +8,13 @@ Contract:
   yet normalised. The same kernels and inputs as the Sampler's kernel path: one launch that
   normalises the parameters and keys the noise, the sampling launches, with logprobs the
   statistics pass and the kernel laying the rows out, and one launch for the outputs.
-- Launch lists: the first call of a *site* (x's shape, strides, dtype and 16-byte alignment,
-  each parameter's alignment, the hints, the logprob count, the device and stream) launches
-  normally while recorded; later calls of that site issue the recorded launches with the new
-  tensors' pointers (`kernels.launcher.LaunchList`): the same kernels with the same arguments, so the same
+- Launch lists: through `replay.launch_at`, the policy every recording follows. A *site* is
+  x's shape, strides, dtype and 16-byte alignment, each parameter's alignment, the hints, the
+  logprob count, the device and the stream; later calls of a site issue its recorded launches
+  with the new tensors' pointers: the same kernels with the same arguments, so the same
   results bit for bit, without Triton binding each argument (most of an eager call's host
-  time). A recording that did device work outside the kernels (a first call also creates
-  caches) or compiled a kernel is not kept: the site records again on its next call, and
-  after RECORD_TRIES such recordings launches normally for good. A call whose inputs share a
-  pointer is never recorded (a launch list maps each pointer to one role), but replays a list
-  recorded from distinct inputs. Outputs are new tensors on every call; intermediates live in
-  buffers kept per site (`stream_scratch`, and the launch list's own references).
+  time). Outputs are new tensors on every call; intermediates live in buffers kept per site
+  (`stream_scratch`, and the launch list's own references).
 """
 from __future__ import annotations
 
@@ -26,11 +22,10 @@ import torch
 
 from ..kernels.launcher import raw_stream, stream_scratch
 from ..noise import SALT_DRAW
+from ..replay import buffer_key, launch_at
 from .table import hints_from_bits
 
-MAX_SITES = 32
-RECORD_TRIES = 3        # recordings of a site before it launches normally for good
-_SITES: dict = {}       # site -> LaunchList, or the number of recordings that could not be replayed
+_SITES: dict = {}       # site -> LaunchList, or the number of its refused recordings (`replay.launch_at`)
 _LP_COLUMNS = {"NUM_LP": 0, "PROCESSED": 1}     # rows of `_lp_rows`'s table
 _DTYPES = (torch.float32, torch.int64, torch.float32, torch.float32, torch.int64, torch.int64)
 
@@ -77,19 +72,6 @@ def _launch(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows) -> None
                      out=(ids, vals, ranks))
 
 
-def _record(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows):
-    """Launch while recording: the LaunchList, or None when it cannot be replayed."""
-    from ..kernels.launcher import LaunchList, recorded
-    with recorded(x.device.type) as (tape, work):
-        _launch(x, params, hints, lp, outs, lp_rows)
-    if work.found:
-        return None
-    try:
-        return LaunchList(tape, [x, *params, *outs])
-    except ValueError:
-        return None
-
-
 def sample_direct(x: torch.Tensor, params, hints: int, num_logprobs: int = -1) -> tuple:
     """(tokens [R] int64, fallback [R] bool, num_nans [R] int64, lp_ids [R, W] int64,
     lp_vals [R, W] fp32, lp_ranks [R] int64), W = num_logprobs + 1 (0 without logprobs)."""
@@ -100,15 +82,7 @@ def sample_direct(x: torch.Tensor, params, hints: int, num_logprobs: int = -1) -
     if n == 0:
         return outs
     lp_rows = _lp_rows(n, lp, dev) if lp >= 0 else None
-    ptrs = [t.data_ptr() for t in (x, *params)]
-    site = (tuple(x.shape), x.stride(), x.dtype, dev, raw_stream(dev), hints, lp, tuple(p & 15 == 0 for p in ptrs))
-    got = _SITES.get(site, 0)
-    if not isinstance(got, int):
-        got.launch([x, *params, *outs])
-    elif got >= RECORD_TRIES or len(set(ptrs)) < len(ptrs):     # shared inputs: roles not recordable
-        _launch(x, params, hints, lp, outs, lp_rows)
-    else:
-        if site not in _SITES and len(_SITES) >= MAX_SITES:
-            _SITES.pop(next(iter(_SITES)))
-        _SITES[site] = _record(x, params, hints, lp, outs, lp_rows) or got + 1
+    site = (buffer_key(x), raw_stream(dev), hints, lp, tuple(p.data_ptr() & 15 == 0 for p in params))
+    launch_at(_SITES, site, [x, *params, *outs], 1 + len(params),
+              lambda: _launch(x, params, hints, lp, outs, lp_rows))
     return outs

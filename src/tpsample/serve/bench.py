@@ -89,13 +89,11 @@ def _summary(results: list, elapsed: float, args, leaks: dict) -> dict:
 
 
 def _print_table(s: dict, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tpsample.term import console as make_console
+    from tpsample.term import table as make_table
 
-    console = Console()
-    table = Table(title=title)
-    for col in ("ms", "p50", "p90", "p99"):
-        table.add_column(col, justify="right")
+    console = make_console()
+    table = make_table(title, ["ms", "p50", "p90", "p99"], left=("ms",))
     for key, label in (("ttft_ms", "time to first token"), ("tpot_ms", "time per output token")):
         table.add_row(label, *(f"{s[key][p]:.1f}" for p in ("p50", "p90", "p99")))
     console.print(table)
