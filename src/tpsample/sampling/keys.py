@@ -30,10 +30,11 @@ def _kernel_ok(t: torch.Tensor) -> bool:
 def _kernel_fns() -> SimpleNamespace:
     """The per-step kernels, imported on first use (triton.jit picks interpreted or compiled when
     a kernel module is imported) and kept, so a step runs no import statement."""
+    from ..kernels import shard
     from ..kernels.history import append_history, apply_penalties_
     from ..kernels.step_ops import mask_nans_, row_keys
     return SimpleNamespace(append_history=append_history, apply_penalties_=apply_penalties_, mask_nans_=mask_nans_,
-                           row_keys=row_keys)
+                           row_keys=row_keys, shard=shard)
 
 
 def _kernel_ok_now(t: torch.Tensor) -> bool:
@@ -71,6 +72,18 @@ def mask_nans_kernel(device: torch.device):
     if not _kernel_ok(_probe(device)):
         return None
     return _kernel_fns().mask_nans_
+
+
+SHARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def shard_passes(x: torch.Tensor):
+    """The shard-pass kernels (`kernels.shard`: front, top_values, tie_counts, gumbel_draw) for
+    rows x, or None (torch ops then): kernels run on x's device and read its layout (fp32, bf16
+    or fp16 with unit column stride)."""
+    if x.dtype not in SHARD_DTYPES or x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1) or not _kernel_ok(x):
+        return None
+    return _kernel_fns().shard
 
 
 def penalty_kernel(device: torch.device):
