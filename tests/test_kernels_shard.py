@@ -1,8 +1,9 @@
 """The vocab-parallel shard passes (`kernels.shard`) against the torch functions whose contracts
 they take, under Triton's interpreter on CPU: the same outputs bit for bit (Gumbel values to the
 last ulp of `log`, see docs/kernels.md), on shards with ties, NaN, -inf rows, +inf, signed zeros,
-a column start past 0 and bf16 input; and vocab_parallel at TP = 2 over gloo with the kernels on
-gives the TP = 1 tokens."""
+a column start past 0 and bf16 input (on a GPU: the compiled kernels on CUDA tensors against the
+torch functions on CPU); and, on CPU, vocab_parallel at TP = 2 over gloo with the kernels on gives
+the TP = 1 tokens."""
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from tpsample.sampling.rounds.summary import _tie_counts
 from tpsample.sampling.thresholds import local_top_values
 
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SPLIT = KernelConfig(splits=4, block=32)       # several programs and blocks on a short row
 
 
@@ -42,6 +44,10 @@ def shard_rows(dtype=torch.float32, cols=300):
     return x.to(dtype)
 
 
+def d(t):
+    return None if t is None else t.to(DEV)
+
+
 def working_row(x, temperature=None):
     """What the torch pipeline holds: fp32(x), NaN -> -inf, divided by T (apply_temperature)."""
     l = x.to(torch.float32, copy=True)
@@ -59,10 +65,11 @@ def test_front_gives_the_nan_counts_argmax_and_working_copy_of_the_torch_front(s
     want_nans = P.mask_nans(l, row_chunks(6, 300))
     want_v, want_i = local_argmax(l, col_start)
     copy = torch.empty(x.shape)
-    nans, v, i = shard.front(x, col_start, copy, cfg=SPLIT)
+    copy = copy.to(DEV)
+    nans, v, i = (t.cpu() for t in shard.front(x.to(DEV), col_start, copy, cfg=SPLIT))
     assert torch.equal(nans, want_nans) and torch.equal(v, want_v) and torch.equal(i, want_i)
-    assert torch.equal(copy, l)
-    assert torch.equal(shard.front(x, col_start)[2], want_i)        # no copy asked: the same answers
+    assert torch.equal(copy.cpu(), l)
+    assert torch.equal(shard.front(x.to(DEV), col_start)[2].cpu(), want_i)     # no copy asked: the same answers
 
 
 @pytest.mark.parametrize("dtype,tempered,c", [
@@ -73,10 +80,12 @@ def test_top_values_and_tie_counts_equal_the_torch_summary_functions(shard, dtyp
     t = T if tempered else None
     l = working_row(x, t)
     want = local_top_values(l, c)
-    got = shard.top_values(x, c, t)
-    assert torch.equal(got, want)
-    assert torch.equal(shard.tie_counts(x, want[:, -1], c, t, cfg=SPLIT), _tie_counts(l, want[:, -1], c))
-    assert shard.tie_counts(x, want[:, -1], c, t).gt(0).any() == (c < 300)   # ties beyond c were there to count
+    xd, td, last = x.to(DEV), d(t), want[:, -1].to(DEV)
+    assert torch.equal(shard.top_values(xd, c, td).cpu(), want)
+    ties = _tie_counts(l, want[:, -1], c)
+    assert torch.equal(shard.tie_counts(xd, last, c, td, cfg=SPLIT).cpu(), ties)
+    assert torch.equal(shard.tie_counts(xd, last, c, td).cpu(), ties)
+    assert bool(ties.gt(0).any()) == (c < 300)                 # ties beyond c were there to count
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -89,16 +98,16 @@ def test_gumbel_draw_picks_the_torch_draws_winner(shard, dtype, cfg):
     seeds, pos = torch.arange(6) * 7, torch.arange(6) + 9
     k0, k1 = noise.row_keys(seeds, pos, noise.SALT_DRAW)
     want_v, want_i = local_gumbel_draw(working_row(x, T), thr, seeds, pos, 500)
-    got_v, got_i = shard.gumbel_draw(x, thr, k0, k1, 500, T, cfg=cfg)
+    got_v, got_i = (t.cpu() for t in shard.gumbel_draw(x.to(DEV), d(thr), d(k0), d(k1), 500, d(T), cfg=cfg))
     assert torch.equal(got_i, want_i)
     assert torch.allclose(got_v, want_v, rtol=1e-6) and got_v[3] == float("-inf") and got_i[3] == 500
 
 
 def test_an_empty_shard_gives_what_the_torch_functions_give(shard):
     x = torch.zeros(2, 0)
-    nans, v, i = shard.front(x, 9)
+    nans, v, i = shard.front(x.to(DEV), 9)
     assert nans.tolist() == [0, 0] and v.tolist() == [float("-inf")] * 2 and i.tolist() == [9, 9]
-    assert torch.equal(shard.top_values(x, 3), local_top_values(x, 3))
+    assert torch.equal(shard.top_values(x.to(DEV), 3).cpu(), local_top_values(x, 3))
 
 
 @pytest.mark.parametrize("call,match", [
@@ -151,6 +160,7 @@ def _tokens(group, names=tuple(WORKLOADS)):
     return out, calls
 
 
+@pytest.mark.skipif(DEV == "cuda", reason="gloo ranks on CPU tensors: the interpreter's case")
 def test_vocab_parallel_on_the_shard_kernels_gives_tp1_tokens(monkeypatch):
     from tpsample.parallel.launch import spawn_ranks
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
