@@ -230,7 +230,10 @@ def _key_hist(xrow, ncols, prefix, SHIFT: tl.constexpr, MATCH: tl.constexpr, DIG
         key = order_key(_row_l(xrow, 0, cols, ok, 1.0, False))
         if MATCH < 32:
             ok = ok & ((key >> MATCH) == (prefix >> MATCH))
-        hist += tl.histogram(((key >> SHIFT) & (DIG - 1)).to(tl.int32), DIG, mask=ok)
+        # the others counted in bin 0 and taken out again (no `mask`: Triton 3.6 has none)
+        digit = tl.where(ok, ((key >> SHIFT) & (DIG - 1)).to(tl.int32), 0)
+        out = BLOCK - tl.sum(ok.to(tl.int32), axis=0)
+        hist += tl.histogram(digit, DIG) - tl.where(tl.arange(0, DIG) == 0, out, 0)
     return hist
 
 
