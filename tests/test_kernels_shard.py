@@ -168,3 +168,28 @@ def test_vocab_parallel_on_the_shard_kernels_gives_tp1_tokens(monkeypatch):
     for rank, (got, calls) in enumerate(spawn_ranks(_tokens, 2, timeout_s=300)):
         assert got == want, f"rank {rank}"
         assert min(calls.get(n, 0) for n in ("front", "top_values", "tie_counts", "gumbel_draw")) > 0, calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="needs CUDA")
+def test_full_size_shard_passes_match_the_torch_functions_on_gpu(shard):
+    """Rank 1's shard of 151,936 at TP = 2, bf16, 64 rows: the compiled passes on the GPU against
+    the torch functions on CPU (top-k 50's summary and the largest c the kernel takes)."""
+    cols, start = 75_968, 75_968
+    x = (torch.randn(64, cols, generator=torch.Generator().manual_seed(8)) * 3).bfloat16()
+    t = torch.full((64,), 0.8)
+    l = working_row(x, t)
+    for c in (51, 1025):
+        want = local_top_values(l, c)
+        assert torch.equal(shard.top_values(x.to(DEV), c, d(t)).cpu(), want)
+        assert torch.equal(shard.tie_counts(x.to(DEV), want[:, -1].to(DEV), c, d(t)).cpu(),
+                           _tie_counts(l, want[:, -1], c))
+    nans, v, i = (r.cpu() for r in shard.front(x.to(DEV), start))
+    assert not nans.any() and torch.equal(v, x.float().max(dim=1).values)
+    assert torch.equal(i, local_argmax(x.float(), start)[1])
+    seeds, pos = torch.arange(64), torch.arange(64) + 3
+    thr = torch.where(torch.arange(64) % 2 == 0, float("-inf"), local_top_values(l, 51)[:, -1])
+    k0, k1 = noise.row_keys(seeds, pos, noise.SALT_DRAW)
+    want_v, want_i = local_gumbel_draw(l, thr, seeds, pos, start)
+    got_v, got_i = (r.cpu() for r in shard.gumbel_draw(x.to(DEV), d(thr), d(k0), d(k1), start, d(t)))
+    assert torch.equal(got_i, want_i) and torch.allclose(got_v, want_v, rtol=1e-6)
