@@ -24,9 +24,13 @@ SPLIT = KernelConfig(splits=4, block=32)       # several programs and blocks on 
 
 @pytest.fixture(scope="module")
 def shard(triton_interpreter):
-    """The kernel module, imported once the interpreter is on (triton.jit decides at import)."""
-    from tpsample.kernels import shard
-    return shard
+    """The kernel modules as one namespace, imported once the interpreter is on (triton.jit
+    decides at import)."""
+    from types import SimpleNamespace
+
+    from tpsample.kernels import shard, shard_summary
+    return SimpleNamespace(front=shard.front, gumbel_draw=shard.gumbel_draw, top_values=shard_summary.top_values,
+                           tie_counts=shard_summary.tie_counts)
 
 
 T = torch.tensor([0.7, 0.0, 1.3, 1.0, 2.0, 0.9])
@@ -136,9 +140,10 @@ def _tokens(group, names=tuple(WORKLOADS)):
     """Tokens of each workload (2 steps, bf16 logits) and how often each shard pass ran."""
     import tpsample
     from tpsample import SamplingParams
-    from tpsample.kernels import shard as passes
+    from tpsample.sampling.keys import _kernel_fns
+    passes = _kernel_fns().shard if group is not None else None
     calls: dict = {}
-    for name in ("front", "top_values", "tie_counts", "gumbel_draw"):
+    for name in ("front", "top_values", "tie_counts", "gumbel_draw") if passes is not None else ():
         def counted(*a, _f=getattr(passes, name), _n=name, **kw):
             calls[_n] = calls.get(_n, 0) + 1
             return _f(*a, **kw)

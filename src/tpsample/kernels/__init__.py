@@ -4,7 +4,7 @@
   the per-row state, the launch sequence) and the entry points `sample_rows`, `logprob_stats`,
   `token_logprob_stats`, `shard_gumbel_argmax`;
 - `stats`: the row statistics and logprob rows;
-- `shard`: vocab_parallel's passes over a rank's shard (the front's NaN counts, argmax and
+- `shard` and `shard_summary`: vocab_parallel's passes over a rank's shard (the front's NaN counts, argmax and
   working copy; the summary's top values and tie counts; the shard draw);
 - `step_ops` (row parameters and keys, the front pass over the rows, the result block) and
   `history` (the history append and the penalties that read it): the per-step kernels;

@@ -7,6 +7,7 @@ outputs, bit for bit; the torch function stays the reference and the CPU default
   its first occurrence) of fp32(x) with NaN as -inf: `processors.mask_nans` then
   `draw.local_argmax` on the working copy. copy: an fp32 [R, cols] buffer (x itself for an fp32
   x) that receives fp32(x) with NaN -> -inf in the same read, the front's working copy.
+Round 1's summary passes are `kernels.shard_summary`:
 - `top_values(x, c, temperature=None)`: [R, c] fp32, the c largest values of l descending (-inf
   padded): `thresholds.local_top_values(l, c)`, with l = fp32(x) (NaN -> -inf) or, given
   temperature [R], l = fp32(x) / T where T > 0 (`processors.apply_temperature`'s rows: T = 0
@@ -33,7 +34,7 @@ three histogram passes of 11, 11 and 10 bits in one program a row, then lists th
 it in column order (no atomics: the list is sorted after), pads with the k-th value and sorts:
 four reads a row, c <= 2,048. Division by T > 0 is monotone, so the selection runs on x and only
 the c values are divided. `tie_counts` is one counting read.
-Never imports the sampling layers.
+Never imports the sampling layers; `shard_summary` imports this module's row helpers.
 """
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..numerics import next_pow2
 from .config import DEFAULT, KernelConfig
 from .launcher import Launcher
 from .sample.scan import may_win
@@ -53,18 +53,15 @@ from .tlutil import (
     chunk_bounds,
     div_t,
     gumbel_from_bits,
-    key_to_float,
-    order_key,
     pair_max,
     uniform_bits,
 )
 
-MAX_TOP = 2048              # the largest c of `top_values` (one sorted block of a program)
 G_MAX = tl.constexpr(23.0)  # above every Gumbel value: g(W) <= -log(W) <= 33 log(2) < 22.88
 
 
 @triton.jit
-def _row_l(x_ptr, row_off, cols, mask, t, HAS_T: tl.constexpr):
+def load_l(x_ptr, row_off, cols, mask, t, HAS_T: tl.constexpr):
     """fp32(x) with NaN -> -inf (masked lanes -inf), divided by t when HAS_T (t > 0)."""
     x = tl.load(x_ptr + row_off + cols, mask=mask, other=NEG_INF).to(tl.float32)
     x = tl.where(x == x, x, NEG_INF)        # noqa: PLR0124 - a NaN test
@@ -74,7 +71,7 @@ def _row_l(x_ptr, row_off, cols, mask, t, HAS_T: tl.constexpr):
 
 
 @triton.jit
-def _row_t(t_ptr, row, HAS_T: tl.constexpr):
+def row_divisor(t_ptr, row, HAS_T: tl.constexpr):
     """The row's divisor: T, or 1 where T == 0 (greedy rows are not divided)."""
     if HAS_T:
         t = tl.load(t_ptr + row)
@@ -127,7 +124,7 @@ _FRONT = Launcher(_front_kernel)
 _COMBINE = Launcher(_combine_kernel)
 
 
-def _check_shard(x: torch.Tensor, name: str = "x") -> None:
+def check_shard(x: torch.Tensor, name: str = "x") -> None:
     if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError(f"{name} must be a [rows, cols] tensor with unit column stride, got shape "
                          f"{tuple(x.shape)} strides {tuple(x.stride())}")
@@ -142,7 +139,7 @@ def _pairs(rows: int, splits: int, dev):
 
 def front(x: torch.Tensor, col_start: int, copy: torch.Tensor | None = None, cfg: KernelConfig = DEFAULT):
     """(NaN counts [R] int64, max [R] fp32, global id [R] int64): see the module docstring."""
-    _check_shard(x)
+    check_shard(x)
     if copy is not None and (copy.dtype != torch.float32 or copy.shape != x.shape or copy.stride(1) != 1):
         raise ValueError(f"copy must be an fp32 {tuple(x.shape)} tensor with unit column stride")
     rows, cols, splits, chunk = split_shape(x, cfg)
@@ -174,7 +171,7 @@ def _gumbel_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, key0_ptr, key1_ptr, col
     part = row * NSPLIT + tl.program_id(1)
     start, end = chunk_bounds(ncols, CHUNK)
     row_off = row.to(tl.int64) * stride
-    t = _row_t(t_ptr, row, HAS_T)
+    t = row_divisor(t_ptr, row, HAS_T)
     thr = tl.load(thr_ptr + row)
     k0 = tl.load(key0_ptr + row).to(tl.uint32)
     k1 = tl.load(key1_ptr + row).to(tl.uint32)
@@ -182,7 +179,7 @@ def _gumbel_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, key0_ptr, key1_ptr, col
     best_i = tl.full((), BIG_ID32, tl.int32)
     for s in range(start, end, BLOCK):
         cols = s + tl.arange(0, BLOCK)
-        l = _row_l(x_ptr, row_off, cols, cols < end, t, HAS_T)
+        l = load_l(x_ptr, row_off, cols, cols < end, t, HAS_T)
         kept = (l >= thr) & (l > NEG_INF)
         l_best = tl.max(tl.where(kept, l, NEG_INF), axis=0)
         if (l_best > NEG_INF) & block_may_win(l_best, best_v):
@@ -202,7 +199,7 @@ def gumbel_draw(x: torch.Tensor, thr: torch.Tensor, key0: torch.Tensor, key1: to
                 temperature: torch.Tensor | None = None, cfg: KernelConfig = DEFAULT):
     """(value [R] fp32, global id [R] int64): see the module docstring. key0 / key1: [R] int64
     holding uint32 row keys (`noise.row_keys`); thr [R] fp32 (-inf: every finite entry kept)."""
-    _check_shard(x)
+    check_shard(x)
     rows, cols, splits, chunk = split_shape(x, cfg)
     dev = x.device
     out_v = torch.empty(rows, dtype=torch.float32, device=dev)
@@ -217,135 +214,3 @@ def gumbel_draw(x: torch.Tensor, thr: torch.Tensor, key0: torch.Tensor, key1: to
         _COMBINE((rows,), v, i, v, col_start, out_v, out_i, out_i, NSPLIT=splits, NANS=False)
     return out_v, out_i
 
-
-@triton.jit
-def _key_hist(xrow, ncols, prefix, SHIFT: tl.constexpr, MATCH: tl.constexpr, DIG: tl.constexpr,
-              BLOCK: tl.constexpr):
-    """Histogram of digit (key >> SHIFT) % DIG over the row's entries whose key agrees with
-    `prefix` from bit MATCH up (MATCH 32: every entry)."""
-    hist = tl.zeros((DIG,), tl.int32)
-    for s in range(0, ncols, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        ok = cols < ncols
-        key = order_key(_row_l(xrow, 0, cols, ok, 1.0, False))
-        if MATCH < 32:
-            ok = ok & ((key >> MATCH) == (prefix >> MATCH))
-        # the others counted in bin 0 and taken out again (no `mask`: Triton 3.6 has none)
-        digit = tl.where(ok, ((key >> SHIFT) & (DIG - 1)).to(tl.int32), 0)
-        out = BLOCK - tl.sum(ok.to(tl.int32), axis=0)
-        hist += tl.histogram(digit, DIG) - tl.where(tl.arange(0, DIG) == 0, out, 0)
-    return hist
-
-
-@triton.jit
-def _pick_digit(hist, need, DIG: tl.constexpr):
-    """(d, above): the largest digit d with at least `need` entries at digits >= d, and the
-    entries at digits > d."""
-    digits = tl.arange(0, DIG)
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    d = tl.max(tl.where(at_or_above >= need, digits, 0), axis=0)
-    return d, tl.sum(tl.where(digits == d, at_or_above - hist, 0), axis=0)
-
-
-@triton.jit
-def _top_kernel(x_ptr, stride, ncols, t_ptr, out_ptr, c, CP: tl.constexpr, BLOCK: tl.constexpr,
-                HAS_T: tl.constexpr):
-    row = tl.program_id(0)
-    xrow = x_ptr + row.to(tl.int64) * stride
-    orow = out_ptr + row.to(tl.int64) * c
-    t = _row_t(t_ptr, row, HAS_T)
-    k = tl.minimum(c, ncols)
-    slot = tl.arange(0, CP)
-    if k > 0:
-        # the k-th largest key: bits 21-31, then 10-20, then 0-9; `need` counts down the entries
-        # of the top k still to place at or below the digits fixed so far
-        d, above = _pick_digit(_key_hist(xrow, ncols, 0, 21, 32, 2048, BLOCK), k, 2048)
-        prefix = d.to(tl.uint32) << 21
-        need = k - above
-        d, above = _pick_digit(_key_hist(xrow, ncols, prefix, 10, 21, 2048, BLOCK), need, 2048)
-        prefix = prefix | (d.to(tl.uint32) << 10)
-        need -= above
-        d, above = _pick_digit(_key_hist(xrow, ncols, prefix, 0, 10, 1024, BLOCK), need, 1024)
-        prefix = prefix | d.to(tl.uint32)
-        need -= above
-        n_above = k - need                  # entries strictly above the k-th key: listed below
-        listed = tl.zeros((), tl.int32)
-        for s in range(0, ncols, BLOCK):
-            cols = s + tl.arange(0, BLOCK)
-            x = _row_l(xrow, 0, cols, cols < ncols, 1.0, False)
-            sel = (order_key(x) > prefix) & (cols < ncols)
-            at = listed + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(orow + at, x, mask=sel)
-            listed += tl.sum(sel.to(tl.int32), axis=0)
-        tl.debug_barrier()                  # the list's stores, visible to every thread's load
-        kth = key_to_float(prefix)
-        v = tl.load(orow + slot, mask=slot < n_above, other=NEG_INF)
-        v = tl.where(slot < n_above, v, tl.where(slot < k, kth, NEG_INF))
-        if HAS_T:
-            v = div_t(v, t)
-        v = tl.sort(v, descending=True)
-        tl.debug_barrier()
-        tl.store(orow + slot, v, mask=slot < c)
-    else:
-        tl.store(orow + slot, tl.full((CP,), NEG_INF, tl.float32), mask=slot < c)
-
-
-_TOP = Launcher(_top_kernel)
-
-
-def top_values(x: torch.Tensor, c: int, temperature: torch.Tensor | None = None, cfg: KernelConfig = DEFAULT):
-    """[R, c] fp32, the c largest values of l per row, descending, -inf padded (module docstring)."""
-    _check_shard(x)
-    if not 1 <= c <= MAX_TOP:
-        raise ValueError(f"c (values per row) must be in [1, {MAX_TOP}], got {c}")
-    rows, cols = x.shape
-    out = torch.empty((rows, c), dtype=torch.float32, device=x.device)
-    if rows:
-        t = temperature.to(x.device, torch.float32).contiguous() if temperature is not None else out
-        _TOP((rows,), x, x.stride(0), cols, t, out, c, CP=next_pow2(c), BLOCK=max(cfg.block, 1024),
-             HAS_T=temperature is not None, num_warps=4)
-    return out
-
-
-@triton.jit
-def _ties_kernel(x_ptr, stride, ncols, t_ptr, last_ptr, n_ptr, NSPLIT: tl.constexpr, CHUNK: tl.constexpr,
-                 BLOCK: tl.constexpr, HAS_T: tl.constexpr):
-    row = tl.program_id(0)
-    start, end = chunk_bounds(ncols, CHUNK)
-    row_off = row.to(tl.int64) * stride
-    t = _row_t(t_ptr, row, HAS_T)
-    last = tl.load(last_ptr + row)
-    n = tl.zeros((), tl.int32)
-    for s in range(start, end, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        ok = cols < end
-        n += tl.sum((ok & (_row_l(x_ptr, row_off, cols, ok, t, HAS_T) >= last)).to(tl.int32), axis=0)
-    tl.store(n_ptr + row * NSPLIT + tl.program_id(1), n)
-
-
-@triton.jit
-def _ties_combine_kernel(n_ptr, last_ptr, c, out_ptr, NSPLIT: tl.constexpr):
-    row = tl.program_id(0)
-    ge = tl.sum(tl.load(n_ptr + row * NSPLIT + tl.arange(0, NSPLIT)).to(tl.int64), axis=0)
-    beyond = tl.where(tl.load(last_ptr + row) > NEG_INF, ge - c, 0)
-    tl.store(out_ptr + row, tl.maximum(beyond, 0))
-
-
-_TIES = Launcher(_ties_kernel)
-_TIES_COMBINE = Launcher(_ties_combine_kernel)
-
-
-def tie_counts(x: torch.Tensor, last: torch.Tensor, c: int, temperature: torch.Tensor | None = None,
-               cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """[R] int64: entries of l >= last beyond c, 0 where last is -inf (module docstring)."""
-    _check_shard(x)
-    rows, cols, splits, chunk = split_shape(x, cfg)
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
-    if rows:
-        last = last.to(x.device, torch.float32).contiguous()
-        t = temperature.to(x.device, torch.float32).contiguous() if temperature is not None else last
-        n = torch.empty(rows * splits, dtype=torch.int32, device=x.device)
-        _TIES((rows, splits), x, x.stride(0), cols, t, last, n, NSPLIT=splits, CHUNK=chunk, BLOCK=cfg.block,
-              HAS_T=temperature is not None, num_warps=cfg.num_warps)
-        _TIES_COMBINE((rows,), n, last, c, out, NSPLIT=splits)
-    return out
