@@ -26,16 +26,16 @@ def test_every_kernel_path_asks_the_one_gate(monkeypatch):
     from tpsample.engine import runner
     from tpsample.kernels import gate as config
     from tpsample.model import layers
-    from tpsample.sampling import draw, keys
     from tpsample.sampling import kernel_backend as fastpath
+    from tpsample.sampling import keys
     asked = []
     monkeypatch.setattr(config, "kernels_wanted", lambda d, **kw: asked.append(d) or False)
-    for module in (fastpath, draw, keys, layers, runner):
+    for module in (fastpath, keys, layers, runner):
         monkeypatch.setattr(module, "kernels_wanted", config.kernels_wanted)
     x = torch.zeros(2, 4)
     keys._OK.clear()
     assert not fastpath.kernels_apply(x)
-    assert draw._shard_gumbel_kernel(x) is None
+    assert keys.shard_passes(x) is None
     assert not keys._kernel_ok_now(x)
     assert not layers.use_kernels(x)
     assert not runner.kernels_usable(x.device)

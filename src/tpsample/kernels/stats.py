@@ -1,6 +1,6 @@
-"""Row statistics without a [R, V] temporary (max / argmax, log-sum-exp, top-n, counts above), the
-logprob rows laid out from them, and the vocab-parallel Gumbel draw over a shard; kernels and
-their launches.
+"""Row statistics without a [R, V] temporary (max / argmax, log-sum-exp, top-n, counts above) and
+the logprob rows laid out from them; kernels and their launches (the vocab-parallel shard passes
+are `kernels.shard`).
 
 stats_kernel, grid (rows, splits): over a split of the transformed row l (fp32(x), / T where
 T != 0, < threshold -> -inf, NaN -> -inf): the max and its lowest column; with LSE an online
@@ -8,11 +8,6 @@ sum of exp(l - running max) in fp32; with TOP a sorted top-n list (NP slots, a p
 (value desc, column asc), merged only when a block holds an entry beating the current n-th; with
 CNT the count of entries > a per-row value (with TOK: the value of l at a per-row global token
 id). combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
-
-gumbel_kernel, grid (rows, splits): the vocab-parallel strategy's local draw over this rank's
-columns: argmax over kept of l + g(key0, key1, global id), ties -> lowest id, with l = fp32(x) / T
-(T == 0 or no T: fp32(x)), NaN -> -inf, kept = l >= thr and l > -inf. The host argmax-combines
-the splits (`launch_gumbel`) and the strategy combines ranks with one gather of the winners.
 
 `raw_logprobs(...)`: a step's raw logprob rows (the sampled token, then the top-n) from one
 `token_logprob_stats` pass, laid out by one kernel for the rows that want them.
@@ -24,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..numerics import next_pow2
-from .config import DEFAULT, KernelConfig, num_splits
+from .config import KernelConfig, num_splits
 from .launcher import Launcher, stream_scratch
 from .tlutil import (
     BIG_ID32,
@@ -33,7 +28,6 @@ from .tlutil import (
     chunk_bounds,
     div_t,
     fexp,
-    gumbel,
     load_x,
     pair_max,
 )
@@ -159,31 +153,6 @@ def combine_kernel(n, col_offset, max_ptr, arg_ptr, sm_ptr, ss_ptr, top_v_ptr, t
         tl.store(out_i + row * n + slot, tl.where(li == BIG_ID32, -1, li.to(tl.int64) + col_offset), mask=slot < n)
 
 
-@triton.jit(do_not_specialize=["col_offset"])
-def gumbel_kernel(x_ptr, stride, ncols, t_ptr, thr_ptr, key0_ptr, key1_ptr, col_offset, v_ptr, i_ptr,
-                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_T: tl.constexpr):
-    row = tl.program_id(0)
-    part = row * NSPLIT + tl.program_id(1)
-    start, end = chunk_bounds(ncols, CHUNK)
-    row_off = row.to(tl.int64) * stride
-    t = tl.load(t_ptr + row) if HAS_T else 1.0
-    thr = tl.load(thr_ptr + row)
-    k0 = tl.load(key0_ptr + row).to(tl.uint32)
-    k1 = tl.load(key1_ptr + row).to(tl.uint32)
-    best_v = tl.full((), NEG_INF, tl.float32)
-    best_i = tl.zeros((), tl.int32) + start        # nothing kept: (-inf, first column)
-    for s in range(start, end, BLOCK):
-        cols = s + tl.arange(0, BLOCK)
-        l = load_transformed(x_ptr, row_off, cols, cols < end, t, 0.0, HAS_T, False)
-        kept = (l >= thr) & (l > NEG_INF)
-        if tl.sum(kept.to(tl.int32), axis=0) > 0:
-            score = tl.where(kept, l + gumbel(k0, k1, cols + col_offset), NEG_INF)
-            v, i = argmax_pair(score, cols)
-            best_v, best_i = pair_max(best_v, best_i, v, i)
-    tl.store(v_ptr + part, best_v)
-    tl.store(i_ptr + part, best_i)
-
-
 _LAUNCHERS: dict = {}
 
 
@@ -199,10 +168,6 @@ def split_shape(x, cfg: KernelConfig):
     splits = num_splits(rows, cols, x.device, cfg)
     chunk = max(cfg.block, math.ceil(math.ceil(cols / splits) / cfg.block) * cfg.block)
     return rows, cols, splits, chunk
-
-
-def _f32(v, rows, dev):
-    return v.to(dev, torch.float32).contiguous() if v is not None else torch.zeros(rows, dtype=torch.float32, device=dev)
 
 
 def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offset: int, cfg: KernelConfig,
@@ -247,28 +212,6 @@ def _partials(parts: int, np_: int, dev) -> tuple:
             torch.empty(parts, dtype=f32, device=dev), torch.empty(parts, dtype=f32, device=dev),
             torch.empty(parts * np_, dtype=f32, device=dev), torch.empty(parts * np_, dtype=i32, device=dev),
             torch.empty(parts, dtype=torch.int64, device=dev))
-
-
-def launch_gumbel(x, temperature, thr, key0, key1, col_offset: int, cfg: KernelConfig = DEFAULT):
-    """The vocab-parallel Gumbel winner of the shard x (see the module docstring); the splits are combined here."""
-    if x.stride(1) != 1:
-        raise ValueError("x must have unit column stride")
-    rows, cols, splits, chunk = split_shape(x, cfg)
-    dev = x.device
-    t = _f32(temperature, rows, dev)
-    thr = _f32(thr, rows, dev)
-    common = {"NSPLIT": splits, "CHUNK": chunk, "BLOCK": cfg.block, "HAS_T": temperature is not None,
-              "num_warps": cfg.num_warps}
-    grid = (rows, splits)
-    v = torch.empty(rows * splits, dtype=torch.float32, device=dev)
-    i = torch.empty(rows * splits, dtype=torch.int32, device=dev)
-    _launcher(gumbel_kernel)(grid, x, x.stride(0), cols, t, thr, key0.to(dev, torch.int64).contiguous(),
-                        key1.to(dev, torch.int64).contiguous(), col_offset,
-                        v, i, **common)
-    v, i = v.view(rows, splits), i.view(rows, splits).to(torch.int64)
-    best = v.max(dim=1).values
-    ids = torch.where(v == best.unsqueeze(1), i, torch.full_like(i, 2**62)).min(dim=1).values
-    return best, ids + col_offset
 
 
 @triton.jit

@@ -10,10 +10,9 @@ from typing import Optional
 
 import torch
 
-from ..kernels.gate import kernels_wanted
 from ..noise import SALT_DRAW, gumbel_noise
 from ..numerics import NEG_INF, kept_mask, row_chunks
-from .keys import row_keys
+from .keys import row_keys, shard_passes
 
 
 def local_argmax(z: torch.Tensor, col_start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,17 +37,18 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
                       log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """argmax over kept local tokens of (score + g(seed, pos, id)): (value, global id) per row.
 
-    On CUDA (with Triton) the plain draw runs as one streaming kernel with no temporaries.
+    Where the kernels run (`keys.shard_passes`) the plain draw is one streaming kernel with no
+    temporaries, which hashes the noise only of entries that may win (`kernels.shard`).
 
     score is `l` (the processed logits), or `log_weights` when given (residual draws).
     A row with no kept token returns value -inf.
     """
     n, cols = l.shape
     if log_weights is None and n and cols:
-        kernel = _shard_gumbel_kernel(l)
-        if kernel is not None:
+        passes = shard_passes(l)
+        if passes is not None:
             k0, k1 = row_keys(seeds.to(l.device), positions.to(l.device), salt)
-            return kernel(l, None, thr, k0, k1, col_offset=col_start)
+            return passes.gumbel_draw(l, thr, k0, k1, col_start)
     best_v = torch.full((n,), NEG_INF, device=l.device)
     best_i = torch.zeros(n, dtype=torch.int64, device=l.device)
     ids_all = torch.arange(col_start, col_start + cols, device=l.device)
@@ -61,14 +61,6 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
         best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
         del z, g, keep
     return best_v, best_i
-
-
-def _shard_gumbel_kernel(l: torch.Tensor):
-    """The Triton Gumbel-argmax kernel when it can run on l's device, else None."""
-    if l.stride(1) != 1 or not kernels_wanted(l.device):
-        return None
-    from ..kernels.sample import shard_gumbel_argmax
-    return shard_gumbel_argmax
 
 
 def guard_tokens(raw_max: torch.Tensor, raw_argmax: torch.Tensor) -> torch.Tensor:

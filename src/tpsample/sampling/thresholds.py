@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..numerics import NEG_INF, fixed_point_masses, kept_mask, key_to_float, mass_shift, order_key, row_chunks
+from .keys import shard_passes
 
 NUM_CANDIDATES = 64
 
@@ -47,7 +48,11 @@ def min_p_threshold(l: torch.Tensor, min_p: torch.Tensor, red, row_max=None) -> 
 
 
 def local_top_values(l: torch.Tensor, c: int, rows=None) -> torch.Tensor:
-    """[rows, c] largest local values, descending, -inf padded."""
+    """[rows, c] largest local values, descending, -inf padded (a kernel where `keys.shard_passes`
+    gives one: no topk workspace, no row chunks)."""
+    passes = shard_passes(l)
+    if passes is not None and 0 < c <= passes.MAX_TOP:
+        return passes.top_values(l if rows is None else l.index_select(0, rows), c).to(l.dtype)
     n = l.shape[0] if rows is None else rows.numel()
     out = torch.full((n, c), NEG_INF, dtype=l.dtype, device=l.device)
     k = min(c, l.shape[1])

@@ -25,6 +25,7 @@ from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import RowBatch
 from . import processors as P
 from .draw import emitted_tokens, local_argmax, local_gumbel_draw
+from .keys import shard_passes
 from .logprobs import blank_unasked, empty_logprobs, put_logprobs, row_logprobs
 from .reducer import combine_pairs
 from .rejection import verify_drafts
@@ -116,14 +117,23 @@ def front(a) -> Front:
     """Steps 1-5 on the columns held (no communication)."""
     x, col_start, b, bitmask, inplace = a.x, a.col_start, a.batch, a.bitmask, a.inplace
     copy = not (inplace and x.dtype == torch.float32)
-    l = x.to(torch.float32, copy=True) if copy else x                     # [rows, cols] working row
-    local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], x.device))  # 1
+    passes = shard_passes(x)
+    if passes is not None:      # one read of x: the working row, its NaN counts and argmax
+        l = torch.empty(x.shape, dtype=torch.float32, device=x.device) if copy else x
+        local_nans, *best = passes.front(x, col_start, l)                 # 1
+        guard_local = tuple(best)
+    else:
+        l = x.to(torch.float32, copy=True) if copy else x                 # [rows, cols] working row
+        local_nans = P.mask_nans(l, row_chunks(b.num_rows, l.shape[1], x.device))  # 1
+        guard_local = None
     if bitmask is not None:                                               # 2
         P.apply_bitmask(l, bitmask, col_start)
-    guard_local = local_argmax(l, col_start)      # 12 falls back to the best grammar-allowed token
+        guard_local = None
+    if guard_local is None:       # 12 falls back to the best grammar-allowed token
+        guard_local = local_argmax(l, col_start)
     raw = _raw_logprob_rows(l, b)
     P.apply_processors(l, b, col_start)                             # 3-5
-    greedy_local = local_argmax(l, col_start)                             # 5 done; greedy rows end here
+    greedy_local = local_argmax(l, col_start) if b.uses_processors else guard_local    # 5: greedy rows end here
     return Front(l, copy, local_nans, guard_local, raw, greedy_local)
 
 

@@ -133,5 +133,5 @@ def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0,
     """(value [R] fp32, global id [R] int64): argmax over kept local entries of fp32(l + g(key0,
     key1, global id)), ties -> lowest id; (-inf, col_offset) when nothing is kept. Ranks combine
     by the largest value, ties -> lowest global id."""
-    from ..stats import launch_gumbel
-    return launch_gumbel(x, temperature, thr, key0, key1, col_offset, cfg)
+    from ..shard import gumbel_draw
+    return gumbel_draw(x, thr, key0, key1, col_offset, temperature, cfg)

@@ -24,6 +24,7 @@ import torch
 
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks
 from .. import top_n_sigma
+from ..keys import shard_passes
 from ..thresholds import local_top_values, masses, threshold_from_sorted
 from . import topp_band
 
@@ -70,6 +71,8 @@ def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows, sigma_ends=No
 
 def _tie_counts(l: torch.Tensor, last: torch.Tensor, c: int) -> torch.Tensor:
     """Per row: local values equal to `last` (the C-th largest) beyond the C sent."""
+    if (passes := shard_passes(l)) is not None:
+        return passes.tie_counts(l, last, c)
     ge = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
     for s, t in row_chunks(l.shape[0], l.shape[1], l.device):
         ge[s:t] = (l[s:t] >= last[s:t].unsqueeze(1)).sum(dim=1)
