@@ -7,7 +7,7 @@ on every path (the masked draw's key, and the key the candidates, the list or th
 settled). Plain rows keep every finite l; greedy rows read x itself (l = fp32(x)). One program
 per selected row then reads the row:
 1. count, the smallest and the largest kept l (`sampling.support`'s count, threshold and top);
-2. with XTC, for rows whose seeded coin came up (`sampling.xtc`): the kept mass S on the
+2. with XTC, for sampled rows whose seeded coin came up (`sampling.xtc`): the kept mass S on the
    fixed-point grid relative to the largest kept l, then the count of kept entries whose mass
    e has float64(e) >= float64(xtc_threshold) * float64(S) and the smallest of them, v_min;
    with two or more, the row's upper bound is v_min and its token is drawn again: the Gumbel
@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..tlutil import BIG_ID32, KEY_NEG_INF, NEG_INF, argmax_pair, div_t, gumbel, mass, order_key, pair_max
 from .scan import fp32_nonan, row_flags, sigma_on
-from .state import FILTER
+from .state import FILTER, GREEDY
 
 POS_INF = tl.constexpr(float("inf"))
 
@@ -105,12 +105,13 @@ def kept_kernel(x_ptr, stride, ncols, col_offset, rows_ptr, t_ptr, k_ptr, p_ptr,
     cnt, low, top = _kept_extent(xrow, ncols, t, tkey, BLOCK)
     upper = tl.full((), POS_INF, tl.float32)
     if XTC:
-        if (tl.load(coin_ptr + row) != 0) & (top > NEG_INF) & (top < POS_INF):
+        if (tl.load(coin_ptr + row) != 0) & (mode != GREEDY) & (top > NEG_INF) & (top < POS_INF):
             total = _kept_mass(xrow, ncols, t, tkey, top, scale, one, BLOCK, EXACT_EXP)
             target = tl.load(xthr_ptr + row).to(tl.float64) * total.to(tl.float64)
             n_top, v_min = _top_choices(xrow, ncols, t, tkey, top, target, scale, one, BLOCK, EXACT_EXP)
-            if n_top >= 2:
+            if n_top >= 2:      # v_min is now the largest kept value
                 upper = v_min
+                top = v_min
                 v, i, cnt = _draw_below(xrow, ncols, t, tkey, upper, tl.load(key0_ptr + row).to(tl.uint32),
                                    tl.load(key1_ptr + row).to(tl.uint32), col_offset, BLOCK)
                 tl.store(token_ptr + row, i.to(tl.int64) + col_offset)
