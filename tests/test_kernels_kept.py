@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 import kernels_torch_ref as torch_ref
 from test_kernels_sample import CONFIGS, DEFAULT, DEV, NO_LIST, SEARCH, SPLIT, logits, params, row_keys
 
-from tpsample.kernels.sample import KernelConfig, Kept, sample_rows
+from tpsample.kernels.sample import Kept, KernelConfig, sample_rows
 
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]
