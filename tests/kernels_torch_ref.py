@@ -59,6 +59,24 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift, n_sigma=0.0, 
     raw_v, raw_i = first_argmax(raw)
     if t == 0:
         return int(raw_i), bool(raw_v > NEG_INF)
+    l, kept = kept_row(x_row, t, k, p, lmp, shift, n_sigma, vocab)
+    if not bool(kept.any()):
+        return int(raw_i), False
+    return draw(l, kept, key0, key1, col_offset), True
+
+
+def draw(l, kept, key0, key1, col_offset) -> int:
+    """The local column of the Gumbel argmax over the kept entries of l (ties -> lowest)."""
+    dev = l.device
+    ids = torch.arange(l.numel(), dtype=torch.int64, device=dev) + col_offset
+    g = gumbel_from_bits(uniform_bits(torch.tensor([key0], device=dev), torch.tensor([key1], device=dev), ids))[0]
+    score = torch.where(kept, l + g, torch.full_like(l, NEG_INF))
+    return int(first_argmax(score)[1])
+
+
+def kept_row(x_row, t, k, p, lmp, shift, n_sigma=0.0, vocab=None):
+    """(l, kept [V] bool) of a sampled row (t > 0): its values after the temperature and the
+    entries its min-p, top-n-sigma, top-k and top-p keep."""
     l = transform(x_row.unsqueeze(0), torch.tensor([t], dtype=torch.float32))[0]
     m = l.max()
     thr = NEG_INF
@@ -73,13 +91,18 @@ def sample_row(x_row, t, k, p, lmp, key0, key1, col_offset, shift, n_sigma=0.0, 
     if p < 1 and bool(kept.any()) and bool(torch.isfinite(m)):
         thr = max(thr, _top_p_threshold(l, kept, p, shift))
         kept = (l >= thr) & (l > NEG_INF)
+    return l, kept
+
+
+def xtc_row(l, kept, xtc_threshold: float, shift: int):
+    """XTC's upper bound of a row whose coin came up (+inf: none): the smallest kept value whose
+    mass relative to the kept max reaches xtc_threshold of the kept mass, when two or more do."""
     if not bool(kept.any()):
-        return int(raw_i), False
-    dev = l.device
-    ids = torch.arange(l.numel(), dtype=torch.int64, device=dev) + col_offset
-    g = gumbel_from_bits(uniform_bits(torch.tensor([key0], device=dev), torch.tensor([key1], device=dev), ids))[0]
-    score = torch.where(kept, l + g, torch.full_like(l, NEG_INF))
-    return int(first_argmax(score)[1]), True
+        return float("inf")
+    e = masses(l, l[kept].max(), shift).masked_fill(~kept, 0)
+    top = e.double() >= float(torch.tensor(xtc_threshold, dtype=torch.float32).double()) * float(e.sum())
+    top &= kept
+    return float(l[top].min()) if int(top.sum()) >= 2 else float("inf")
 
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset=0,

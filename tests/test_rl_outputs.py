@@ -103,12 +103,35 @@ def test_temperature_logprobs_are_the_raw_rows_log_softmax_over_t():
 
 @pytest.mark.usefixtures("triton_interpreter")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_the_kernels_leave_these_rows_to_the_torch_backend_with_equal_results(monkeypatch):
+def test_the_kernels_split_gives_the_references_logprobs_and_kept_supports(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
     sampler = new_sampler(auto_graph=False)
     ids = add_all(sampler, [_params(i) for i in range(24)])
     _check(sampler, ids, randn_logits(len(ids), 0, seed=5))
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_kernels_give_kept_supports_themselves_bitwise_the_torch_backends(monkeypatch):
+    """Every row's ids, count and bounds from the kernels' kept pass equal the torch backend's, on
+    rows with each filter (and XTC) and greedy rows; no row is left to the torch backend."""
+    from scenarios import kernels_beside_torch
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
+    filters = [{}, {"top_k": 7}, {"top_p": 0.8}, {"min_p": 0.05}, {"top_n_sigma": 1.5}, {"top_k": 40, "top_p": 0.9},
+               {"xtc_probability": 1.0, "xtc_threshold": 0.02, "top_p": 0.95}, {"temperature": 0.0}]
+    params = [SP(**{"temperature": 0.9, **f}, seed=i, kept_support=(None, 0, 3, V)[i % 4])
+              for i, f in enumerate(filters * 2)]
+    x = randn_logits(len(params), 2) * 2
+    x[3, :20] = -INF
+    slow, mixed, alone = kernels_beside_torch(params, x)
+    assert slow == []
+    assert torch.equal(mixed.emitted, alone.emitted)
+    for got, want in zip(mixed.support, alone.support):
+        assert torch.equal(got, want)
+    asked = [i for i, p in enumerate(params) if p.kept_support is not None and p.temperature > 0]
+    assert bool((mixed.support[2][asked] > -INF).all())        # the smallest kept value
 
 
 @pytest.mark.usefixtures("triton_interpreter")

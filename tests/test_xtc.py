@@ -4,6 +4,7 @@ TP 2 and 3 (gloo), where the removed set must be the full row's; the coin is key
 (seed, position) and comes up at the rate asked."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -65,14 +66,20 @@ def _tokens(sampler, params, logits) -> list[int]:
 
 @pytest.mark.usefixtures("triton_interpreter")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_the_kernels_leave_xtc_rows_to_the_torch_backend_with_equal_tokens(monkeypatch):
+def test_the_kernels_draw_xtc_rows_themselves_with_the_torch_backends_tokens(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
-    params = [SP(xtc_probability=1.0, seed=1), SP(top_k=5, seed=2), SP(xtc_probability=1.0, top_p=0.8, seed=3),
-              SP(temperature=0.0, xtc_probability=1.0)]
-    slow, mixed, alone = kernels_beside_torch(params, randn_logits(len(params), 3))
-    assert slow == [0, 2]                                      # greedy rows never filter
-    assert torch.equal(mixed.emitted, alone.emitted)
+    filters = [{}, {"top_k": 30, "top_p": 0.95}, {"min_p": 0.05}, {"top_p": 0.8}, {"top_n_sigma": 2.0},
+               {"temperature": 0.0}]
+    params = [SP(**{"temperature": 1.0, **filters[i % 6]}, xtc_probability=(1.0, 0.5)[i % 2],
+                 xtc_threshold=(0.01, 0.05, 0.15, 0.3)[i % 4], seed=i) for i in range(24)]
+    params[1] = SP(top_k=5, seed=2)                            # a row without XTC
+    logits = randn_logits(len(params), 3) * 3
+    slow, mixed, alone = kernels_beside_torch(params, logits)
+    assert slow == []                                          # no row is left to the torch backend
+    assert torch.equal(mixed.emitted, alone.emitted) and torch.equal(mixed.fallback, alone.fallback)
+    plain = [dataclasses.replace(p, xtc_probability=0.0) for p in params]
+    assert not torch.equal(kernels_beside_torch(plain, logits)[1].emitted, mixed.emitted)    # XTC changed some
 
 
 class _Rows:

@@ -1,8 +1,9 @@
 """`tpsample bench kernels`: the fused Triton kernels against torch and FlashInfer.
 
 Matrix: rows x vocab x dtype x logit shape (randn x 3; a peaked Zipf-like row) x configuration
-(greedy; temperature; top-k 50 + top-p 0.9, also with top-n-sigma 1, whose cost is that
-row's difference; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
+(greedy; temperature; top-k 50 + top-p 0.9, also with top-n-sigma 1, with the kept pass of
+every row (a kept support's count and bounds) and with XTC (threshold 0.1, every coin up),
+whose costs are those rows' differences; top-p 0.9; min-p 0.05; logprobs 5). Per case: the
 median of CUDA-event timings after warm-up (host launch time included, as a caller sees it),
 the extra memory (allocator peak minus the baseline with the inputs allocated, plus the
 kernels' cached workspace), and GB/s of one read of the logits against a device copy
@@ -30,11 +31,14 @@ CONFIGS = {   # name: (temperature, top_k, top_p, min_p, logprobs)
     "temperature": (0.8, 0, 1.0, 0.0, 0),
     "topk50_topp0.9": (0.8, 50, 0.9, 0.0, 0),
     "topk50_topp0.9_nsigma1": (0.8, 50, 0.9, 0.0, 0),
+    "topk50_topp0.9_kept": (0.8, 50, 0.9, 0.0, 0),
+    "topk50_topp0.9_xtc0.1": (0.8, 50, 0.9, 0.0, 0),
     "topp0.9": (0.8, 0, 0.9, 0.0, 0),
     "minp0.05": (0.8, 0, 1.0, 0.05, 0),
     "logprobs5": (0.8, 0, 1.0, 0.0, 5),
 }
 N_SIGMA = {"topk50_topp0.9_nsigma1": 1.0}     # configurations with top-n-sigma: n
+KEPT = {"topk50_topp0.9_kept": None, "topk50_topp0.9_xtc0.1": 0.1}     # with the kept pass: XTC's threshold
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -99,7 +103,13 @@ def ours(config, x, t, k, p, lmp, key0, key1):
         return lambda: dispatch.logprob_stats(x, temperature=t, n=CONFIGS[config][4])
     n_sigma = torch.full_like(t, N_SIGMA[config]) if config in N_SIGMA else None
     hints = dispatch.hints_from_params(t, k, p, lmp, x.shape[1], n_sigma)
-    return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, n_sigma=n_sigma)
+    kept = None
+    if config in KEPT:
+        rows = torch.arange(x.shape[0], device=x.device)
+        xtc = KEPT[config]
+        kept = (dispatch.Kept(rows) if xtc is None else
+                dispatch.Kept(rows, torch.full_like(t, xtc), torch.ones_like(t, dtype=torch.bool)))
+    return lambda: dispatch.sample_rows(x, t, k, p, lmp, key0, key1, hints=hints, n_sigma=n_sigma, kept=kept)
 
 
 @functools.cache

@@ -4,9 +4,11 @@
 Steps 2-5 (sparse processors) run in torch on an fp32 copy when a row uses them; steps 6-10 and
 the guard run in the kernels, which read the logits once per pass, upcast per block, and
 allocate only O(rows x bins) workspace; raw logprobs come from one statistics pass; top-n-sigma
-joins min-p's threshold inside them (one more pass, only for a batch that uses it). Rows that
-verify drafts or want processed logprobs are drawn plainly here (the recipe replaces their
-results). Which code the kernels compile and run is decided from the batch's host-side
+joins min-p's threshold inside them (one more pass, only for a batch that uses it); rows with XTC
+or a kept support take the kept pass once their thresholds are settled (one more kernel over
+those rows only: XTC's bound and redraw, each kept support's count and bounds), and a kept
+support's ids come from one top-n over those rows (`support.kept_ids`). Rows that verify drafts
+or want processed logprobs are drawn plainly here (the recipe replaces their results). Which code the kernels compile and run is decided from the batch's host-side
 parameters: no device read, no sync. The kernels implement the same thresholds and noise, so
 tokens equal the torch backend's.
 """
@@ -15,14 +17,16 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from ..kernels.config import row_hints
 from ..kernels.gate import kernels_wanted
-from ..noise import SALT_DRAW
+from ..noise import SALT_DRAW, SALT_XTC, uniform01
 from ..state.columns import LP_LOGITS
 from ..state.rows import HostRows, RowBatch
 from . import processors as P
+from .support import asked_supports, kept_ids
 
 
 @functools.cache
@@ -79,6 +83,7 @@ class _Step:
         self.raw = None             # the raw rows for raw logprobs, when they differ from x
         self.nans = None            # NaN counts, when prepared (else the kernels count them)
         self.drawn = None           # (tokens, valid, per-split NaN counts) from the kernels
+        self.kept = None            # (count, smallest, largest, upper) of the kept pass's rows
 
 
 class KernelSteps:
@@ -112,9 +117,10 @@ class KernelSteps:
                                                                      src.slots, src.offsets, SALT_DRAW,
                                                                      _kernel_columns(src.layout)[0], out=scratch[0])
         n_sigma = b.top_n_sigma.to(dev, torch.float32).contiguous() if b.sigma_any else None
-        st.drawn = k.sample.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
-                                          vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
-                                          nans_out="partials", out=scratch[1], n_sigma=n_sigma)
+        drawn = k.sample.sample_rows(st.l, t, top_k, p, log_min_p, key0, key1, col_offset=st.a.col_start,
+                                     vocab_size_global=b.vocab_size, hints=hints_from_host(b.host, b.vocab_size),
+                                     nans_out="partials", out=scratch[1], n_sigma=n_sigma, kept=_kept_rows(b, dev))
+        st.drawn, st.kept = drawn[:3], drawn[3:] or None
 
     def guard(self, st: _Step) -> tuple:                                  # 12
         tokens, valid, nan_parts = st.drawn
@@ -134,12 +140,43 @@ class KernelSteps:
         return _raw_logprobs(l_raw, emitted, b, a.col_start)
 
 
-    def support(self, st: _Step, emitted: torch.Tensor):
-        """No kept support here: rows asking for one are the torch backend's (`recipe._slow_rows`)."""
-        return None
+    def support(self, st: _Step, emitted: torch.Tensor) -> tuple:
+        """The kept supports from the kept pass's counts and bounds, and the ids of the sampled
+        rows that ask for some (one top-n over just those rows)."""
+        a, b = st.a, st.a.batch
+        count, low, top, upper = st.kept
+        ids = torch.full((b.num_rows, b.kept_cap_max), -1, dtype=torch.int64, device=count.device)
+        host = b.host
+        listed = np.flatnonzero((host.kept_cap > 0) & (host.temperature > 0))
+        if len(listed):
+            idx = torch.from_numpy(listed).to(count.device, non_blocking=True)
+            l = st.l.index_select(0, idx).float() / b.temperature.to(count.device).index_select(0, idx).unsqueeze(1)
+            ids[idx] = kept_ids(l, low[idx], upper[idx], b.kept_cap_max, a.col_start)
+        return asked_supports(ids, count, low, top, upper, emitted, b)
 
 
 KERNELS = KernelSteps()
+
+
+def _kept_rows(b: RowBatch, dev):
+    """The kept pass's `Kept` (kernels/sample/kept.py): the rows with a kept support or XTC (found
+    once per set of rows), with XTC's thresholds and seeded coins (`sampling.xtc`'s) when some
+    row has it; None when no row has either."""
+    host = b.host
+    rows = host.memo.get("kept")
+    if rows is None:
+        asks = host.uses("xtc_probability")
+        if host.kept_cap is not None:
+            asks = asks | (host.kept_cap >= 0)
+        rows = host.memo["kept"] = np.flatnonzero(asks)
+    if not len(rows):
+        return None
+    Kept = _kernels().sample.Kept
+    sel = torch.from_numpy(rows).to(dev, non_blocking=True)
+    if not b.xtc_any:
+        return Kept(sel)
+    coin = uniform01(b.seeds.to(dev), b.positions.to(dev), SALT_XTC) < b.column("xtc_probability").to(dev).double()
+    return Kept(sel, b.column("xtc_threshold").to(dev, torch.float32).contiguous(), coin.contiguous())
 
 
 def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_start: int):

@@ -42,7 +42,7 @@ class KeptSupport:
     v in the row after the temperature (steps 1-6) is finite and threshold <= v <= upper."""
     token_ids: torch.Tensor     # [rows, cap] int64: kept tokens, most probable first (ties -> lower id), -1 pad
     count: torch.Tensor         # [rows] int64: how many tokens were kept (-1: the request did not ask)
-    threshold: torch.Tensor     # [rows] fp32: the kept set's lower bound (min-p, top-n-sigma, top-k, top-p)
+    threshold: torch.Tensor     # [rows] fp32: the smallest kept value (-inf: none kept)
     upper: torch.Tensor         # [rows] fp32: its upper bound (+inf unless XTC removed the top tokens)
 
 

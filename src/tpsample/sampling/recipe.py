@@ -11,8 +11,8 @@
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, XTC, logprobs after the
-  temperature, a kept support) are sampled
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, logprobs after the
+  temperature) are sampled
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
@@ -114,16 +114,14 @@ def _backend(a: SampleArgs):
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs, XTC, logprobs
-    after the temperature, a kept support (found once per set of rows). Raw logits they give."""
+    """Rows the kernels do not finish: draft verification, processed logprobs, logprobs after
+    the temperature (found once per set of rows). Raw logits, XTC and kept supports they give."""
     got = host.memo.get("slow")
     if got is None:
         asks = host.num_logprobs >= 0
-        slow = host.has_draft | (asks & host.processed) | host.uses("xtc_probability")
+        slow = host.has_draft | (asks & host.processed)
         if host.lp_kind is not None:
             slow |= asks & (host.lp_kind == LP_TEMPERATURE)
-        if host.kept_cap is not None:
-            slow |= host.kept_cap >= 0
         got = host.memo["slow"] = np.flatnonzero(slow)
     return got
 
@@ -145,10 +143,12 @@ def _kernels_then_torch(a: SampleArgs) -> RowResult:
                 res.lp_ids, res.lp_vals, res.lp_ranks = empty_logprobs(res.emitted.shape[0],
                                                                        1 + a.batch.logprobs_max, a.x.device)
             put_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), idx, (part.lp_ids, part.lp_vals, part.lp_ranks))
-        if part.support is not None:     # the kernels compute none: only slow rows ask
-            res.support = empty_support(res.emitted.shape[0], part.support[0].shape[1], a.x.device)
-            for dst, src in zip(res.support, part.support):
+        if part.support is not None:     # (the kernels' own supports of the other rows stay)
+            ids, *rest = part.support
+            for dst, src in zip(res.support[1:], rest):
                 dst[idx] = src
+            res.support[0][idx] = -1
+            res.support[0][idx, : ids.shape[1]] = ids
     return res
 
 

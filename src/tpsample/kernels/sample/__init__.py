@@ -34,6 +34,7 @@ Must not import tpsample.sampling's pipeline (only rng); the sampler imports thi
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -41,7 +42,7 @@ from ...numerics import mass_shift
 from ..config import DEFAULT, KernelConfig, RowHints, row_hints
 from ..gate import interpreting
 
-__all__ = ["DEFAULT", "KernelConfig", "RowHints", "hints_from_params", "logprob_stats", "sample_rows",
+__all__ = ["DEFAULT", "KernelConfig", "Kept", "RowHints", "hints_from_params", "logprob_stats", "sample_rows",
            "shard_gumbel_argmax", "token_logprob_stats"]
 
 
@@ -52,6 +53,16 @@ def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int, n_s
     if n_sigma is not None:
         thresholded = thresholded | (n_sigma > 0)
     return row_hints(temperature, top_k, top_p, thresholded, vocab_size)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What `sample_rows`'s kept pass reads (kept.py): rows, [n] int64 on x's device, the rows it
+    reads (each once); with XTC, xtc_threshold [R] fp32 and coin [R] bool (the row's seeded coin
+    came up), else None."""
+    rows: torch.Tensor
+    xtc_threshold: torch.Tensor | None = None
+    coin: torch.Tensor | None = None
 
 
 @functools.cache
@@ -71,7 +82,8 @@ def _interpreting_on_cuda() -> bool:
 
 def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
                 vocab_size_global: int | None = None, hints: RowHints | None = None,
-                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None, n_sigma=None):
+                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None, n_sigma=None,
+                kept=None):
     """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
     valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
     [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
@@ -79,7 +91,10 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
     per-row parameters must then already be contiguous, on x's device, in the dtypes above).
     n_sigma: optional [R] top-n-sigma (<= 0: off); None, the batch has none: the kernels then
-    compile and launch nothing for it."""
+    compile and launch nothing for it. kept: optional `launch.Kept` (rows whose kept set to
+    measure, and XTC's threshold and coins): one more pass over those rows, whose XTC rows are
+    redrawn under XTC's upper bound; the result then ends with (count, smallest, largest, upper)
+    [R] of their kept values (kept.py)."""
     rows, cols = x.shape
     if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
         empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))
@@ -100,7 +115,7 @@ def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offs
     if exact_exp is None:
         exact_exp = dev.type == "cuda" and not _interpreting_on_cuda()
     shift = mass_shift(vocab_size_global or cols)
-    return _launch_sample()(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out, n_sigma)
+    return _launch_sample()(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out, n_sigma, kept)
 
 
 def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,

@@ -246,8 +246,9 @@ def collect_bracket(x_ptr, row_off, t, start, end, row, lo, inv, first, last, m,
 @triton.jit
 def resolve_keys(row, keys, valid, idx, n, target, m_above, av, ai, m, scale, one, key0_ptr, key1_ptr, col_offset,
                  cand_id, CAP: tl.constexpr, EXACT_EXP: tl.constexpr):
-    """(certified, winner value, winner column) from n candidates (order keys `keys`, columns in
-    cand_id) lying below entries of exact mass m_above, all kept, whose winner is (av, ai)."""
+    """(certified, winner value, winner column, threshold key) from n candidates (order keys
+    `keys`, columns in cand_id) lying below entries of exact mass m_above, all kept, whose winner
+    is (av, ai)."""
     e = tl.where(valid, mass(key_to_float(keys), m, scale, one, EXACT_EXP), 0)
     ok = (m_above.to(tl.float64) < target) & ((m_above + tl.sum(e, axis=0)).to(tl.float64) >= target) & (n > 0)
     kmin = tl.min(tl.where(valid, keys, 1 << 40), axis=0)
@@ -256,20 +257,23 @@ def resolve_keys(row, keys, valid, idx, n, target, m_above, av, ai, m, scale, on
     kept = valid & (keys >= thr)
     bv, bi = draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP)
     v, i = pair_max(av, ai, bv, bi)
-    return ok, v, i
+    return ok, v, i, thr
 
 
 @triton.jit
-def settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi, st_shift,
-           st_cabove, st_mabove, st_piv, fallbacks, P: tl.constexpr, NB: tl.constexpr):
+def settle(row, ok, v, i, thr, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi,
+           st_shift, st_cabove, st_mabove, st_piv, fallbacks, P: tl.constexpr, NB: tl.constexpr, KEPT: tl.constexpr):
     """The row's new stage after its bracket was resolved: DONE with its token (the winner
-    (v, i), or the guard's `raw` when nothing was kept) when certified, else the exact search
-    (HIST), counted in `fallbacks`."""
+    (v, i), or the guard's `raw` when nothing was kept) when certified, and with KEPT its
+    threshold key `thr` in st_tkey (kept.py), else the exact search (HIST), counted in
+    `fallbacks`."""
     stage = tl.full((), DONE, tl.int32)
     if ok:
         found = v > NEG_INF
         tl.store(st_token + row, tl.where(found, i, raw).to(tl.int64) + col_offset)
         tl.store(st_valid + row, found)
+        if KEPT:
+            tl.store(st_tkey + row, thr)
     else:
         tl.atomic_add(fallbacks, 1)
         stage = start_search(row, True, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift, st_cabove,
@@ -281,7 +285,8 @@ def settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags
 def resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id, p_mass, p_cnt,
                     p_best_v, p_best_i, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
                     EXACT_EXP: tl.constexpr):
-    """(certified, winner value, winner column) from the n <= SIZE candidates of the bracket."""
+    """(certified, winner value, winner column, threshold key) from the n <= SIZE candidates of
+    the bracket."""
     parts = row * NSPLIT + tl.arange(0, NSPLIT)
     idx = tl.arange(0, SIZE)
     valid = idx < n

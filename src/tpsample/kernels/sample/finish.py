@@ -66,7 +66,7 @@ def _after_top_k(row, thr, m, p, st_flags, st_tkey, st_klo, st_khi, st_shift, st
 def _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S_row, key0_ptr, key1_ptr, col_offset,
              scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove,
              st_piv, cand_key, cand_id, p_mass, NSPLIT: tl.constexpr, CAP: tl.constexpr, SIZE: tl.constexpr,
-             P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+             P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr, KEPT: tl.constexpr):
     idx = tl.arange(0, SIZE)
     valid = idx < n
     keys = tl.load(cand_key + row.to(tl.int64) * CAP + idx, mask=valid, other=-1)
@@ -87,6 +87,8 @@ def _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S_row, k
         found = bv > NEG_INF
         tl.store(st_token + row, tl.where(found, bi, raw).to(tl.int64) + col_offset)
         tl.store(st_valid + row, found)
+        if KEPT:    # the row's kept set, for the kept pass (kept.py)
+            tl.store(st_tkey + row, thr)
     elif (flags & PHASE_TOPP) == 0:
         kappa = max_key_with_count(keys, valid, k - cabove)
         stage = _after_top_k(row, tl.maximum(kappa, t1key), m, p, st_flags, st_tkey, st_klo, st_khi, st_shift,
@@ -178,20 +180,22 @@ def _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv,
 def _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags, st_token, st_valid,
                    st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, p_cnt,
                    p_best_v, p_best_i, st_count, fallbacks, NSPLIT: tl.constexpr, CAP: tl.constexpr,
-                   SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr):
+                   SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr,
+                   KEPT: tl.constexpr):
     count = tl.load(st_count + row)
     ok = count <= CAP
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
+    thr = tl.zeros((), tl.int64)
     if ok:
         if count <= SMALL:
-            ok, v, i = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
+            ok, v, i, thr = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
                                        p_mass, p_cnt, p_best_v, p_best_i, NSPLIT, CAP, SMALL, EXACT_EXP)
         else:
-            ok, v, i = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
+            ok, v, i, thr = resolve_bracket(row, n, p, m, scale, one, key0_ptr, key1_ptr, col_offset, cand_key, cand_id,
                                        p_mass, p_cnt, p_best_v, p_best_i, NSPLIT, CAP, CAP, EXACT_EXP)
-    return settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB)
+    return settle(row, ok, v, i, thr, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo,
+                  st_khi, st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB, KEPT)
 
 
 @triton.jit
@@ -202,8 +206,9 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
                 x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                 NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
                 NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
-                FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr):
-    """The row's step after a round; returns its new stage (DONE when its token is written)."""
+                FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr, KEPT: tl.constexpr):
+    """The row's step after a round; returns its new stage (DONE when its token is written;
+    with KEPT, every filter row's final threshold key is then in st_tkey: kept.py)."""
     # Read all of the row's state, then a barrier, then write: warps run unsynchronised, and a
     # warp must never read a field another warp of this program has already rewritten.
     stage = tl.load(st_stage + row)
@@ -242,12 +247,12 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
             stage = _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S, key0_ptr, key1_ptr,
                              col_offset, scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift,
                              st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, SMALL, P, NB,
-                             EXACT_EXP)
+                             EXACT_EXP, KEPT)
         else:
             stage = _resolve(row, n, k, p, flags, m, t1, raw, klo, khi, cabove, mabove, S, key0_ptr, key1_ptr,
                              col_offset, scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift,
                              st_cabove, st_mabove, st_piv, cand_key, cand_id, p_mass, NSPLIT, CAP, CAP, P, NB,
-                             EXACT_EXP)
+                             EXACT_EXP, KEPT)
     elif ((STAGES & 4) != 0) & (stage == HIST):     # (a HIST row waits when the round left HIST out)
         stage = _hist_step(row, k, p, flags, m, t1, klo, khi, shift, cabove, mabove, S, piv, st_flags, st_tkey,
                            st_klo, st_khi, st_shift, st_cabove, st_mabove, st_S, st_piv, p_cnt, p_mass, p_cgt,
@@ -257,12 +262,12 @@ def finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale,
         stage = _after_bracket(row, n, p, m, raw, tkey, scale, one, key0_ptr, key1_ptr, col_offset, st_flags,
                                st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove, st_mabove, st_piv,
                                cand_key, cand_id, p_mass, p_cnt, p_best_v, p_best_i, st_count, fallbacks, NSPLIT, CAP,
-                               SMALL, P, NB, EXACT_EXP)
+                               SMALL, P, NB, EXACT_EXP, KEPT)
     elif ((STAGES & 8) != 0) & (stage == LEAN):
         stage = after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key1_ptr, col_offset,
                            scale, one, st_flags, st_token, st_valid, st_tkey, st_klo, st_khi, st_shift, st_cabove,
                            st_mabove, st_piv, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass,
-                           fallbacks, leans, NSPLIT, CAP, SMALL, LCAP, FC, P, NB, NBH, EXACT_EXP, LG)
+                           fallbacks, leans, NSPLIT, CAP, SMALL, LCAP, FC, P, NB, NBH, EXACT_EXP, LG, KEPT)
         tl.debug_barrier()      # the list's counters are read before they are zeroed
         zero_counters(cand_n, row)
     tl.store(st_stage + row, stage)
@@ -277,13 +282,13 @@ def finish_kernel(ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, on
                   x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
                   NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
                   NB: tl.constexpr, EXACT_EXP: tl.constexpr, STAGES: tl.constexpr, LCAP: tl.constexpr,
-                  FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr):
+                  FC: tl.constexpr, NBH: tl.constexpr, LG: tl.constexpr, KEPT: tl.constexpr):
     row = tl.program_id(0)
     stage = finish_body(row, ncols, k_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one,
                         st_stage, st_flags, st_token, st_valid, st_raw, st_m, st_t1, st_tkey, st_klo, st_khi,
                         st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                         p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
                         x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
-                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, LCAP, FC, NBH, LG)
+                        NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, STAGES, LCAP, FC, NBH, LG, KEPT)
     if stage != DONE:
         tl.atomic_add(pending, 1)

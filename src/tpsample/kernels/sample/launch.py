@@ -5,7 +5,8 @@ top-n-sigma], select (rows); then, only if some row filters, [hist_kernel
 (rows x splits: mass and list), list_kernel (rows) and hist_kernel again (rows x splits: the bins
 of the rows the list left, and their brackets), only when some row has top-p without top-k], one
 round [round_kernel (rows x splits), finish_kernel (rows)], and, when some row has top-k / top-p,
-drain_kernel (rows), which finishes the rows the round left searching (one program per row).
+drain_kernel (rows), which finishes the rows the round left searching (one program per row);
+last, only when asked (`Kept`: a kept support or XTC), kept_kernel (the selected rows, kept.py).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
 The workspace (`state.Workspace`) is O(rows x (V / BB + CAP)) bytes, one allocation per launch
 shape and stream, reused by every later call.
@@ -30,8 +31,10 @@ from ..config import (
     num_splits,
 )
 from ..launcher import Launcher, stream_scratch
+from . import Kept
 from .finish import finish_kernel
 from .hist import hist_kernel
+from .kept import kept_kernel
 from .lists import list_kernel
 from .rounds import drain_kernel, round_kernel
 from .scan import scan_kernel
@@ -39,9 +42,9 @@ from .select import select_kernel
 from .sigma import sigma_sums_kernel
 from .state import Workspace, hist_width
 
-SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN = (
+SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN, KEPT = (
     Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
-                          round_kernel, finish_kernel, drain_kernel))
+                          round_kernel, finish_kernel, drain_kernel, kept_kernel))
 
 
 @dataclass(frozen=True)
@@ -160,10 +163,12 @@ def _geometry(rows: int, cols: int, dev: torch.device, shape: Shape) -> tuple:
 
 
 def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact_exp: bool, cfg: KernelConfig,
-                  nans_out=None, out=None, n_sigma=None):
+                  nans_out=None, out=None, n_sigma=None, kept: Kept | None = None):
     """out: optional (token [R] int64, valid [R] bool) to write into instead of new tensors.
     n_sigma: optional [R] fp32 top-n-sigma (<= 0: off); None: no row has it (nothing compiled
-    or launched for it)."""
+    or launched for it). kept: the kept pass's rows (`Kept`); then the result ends with
+    (count [R] int64, smallest [R] fp32, largest [R] fp32, upper [R] fp32) of the kept values,
+    written at those rows only (kept.py)."""
     t, k, p, lmp, key0, key1 = params
     rows, cols = x.shape
     dev = x.device
@@ -183,7 +188,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     # construction), so the launches skip their per-argument keys
     site = (dev, x.dtype, x.data_ptr() & 15 == 0, x.stride(0), rows, cols, col_offset, shift, hints, exact_exp, shape,
             tuple([v.data_ptr() & 15 == 0 for v in params]), token.data_ptr() & 15 == 0, valid.data_ptr() & 15 == 0,
-            None if n_sigma is None else n_sigma.data_ptr() & 15 == 0)
+            None if n_sigma is None else n_sigma.data_ptr() & 15 == 0, kept is not None)
     sigma = n_sigma is not None     # B below: numerics.sigma_bits of the vocabulary, mass_shift // 2
     nw = cfg.num_warps
     block = shape.block
@@ -223,7 +228,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
-                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=cuda,
+                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=cuda, KEPT=kept is not None,
                     num_warps=list_warps(dev, cfg), **reg_cap(cuda, cfg.list_regs))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **reg_cap(cuda, cfg.bins_regs))
@@ -240,7 +245,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                x, x.stride(0), t, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids, leans,
                NSPLIT=splits, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots, NB=cfg.bins,
                EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=cfg.lean_read_cols, NBH=cfg.hist_bins,
-               LG=cfg.list_groups, num_warps=cfg.row_warps)
+               LG=cfg.list_groups, KEPT=kept is not None, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
             DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
@@ -248,9 +253,29 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                   ws.xf, ws.lean_l, ws.cand_ids, leans,
                   NSPLIT=splits, CHUNK=chunk, BLOCK=block, CAP=cfg.cap, SMALL=cfg.small, P=cfg.pivots,
                   NB=cfg.bins, EXACT_EXP=exact_exp, MAX_ROUNDS=MAX_ROUNDS, NBH=cfg.hist_bins,
-                  num_warps=cfg.row_warps)
+                  KEPT=kept is not None, num_warps=cfg.row_warps)
+    extent = ()
+    if kept is not None:
+        extent = launch_kept(site, x, params, col_offset, shift, n_sigma, ws, token, valid, kept, exact_exp, cfg)
     if isinstance(nans_out, str) and nans_out == "partials":
-        return token, valid, ws.nans.view(rows, splits)
+        return token, valid, ws.nans.view(rows, splits), *extent
     if nans_out is not None:
         nans_out.copy_(ws.nans.view(rows, splits).sum(dim=1))
-    return token, valid
+    return token, valid, *extent
+
+
+def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Workspace, token, valid, kept: Kept,
+                exact_exp: bool, cfg: KernelConfig) -> tuple:
+    """The kept pass over `kept.rows` (kept.py): (count, smallest, largest, upper), [R] each."""
+    t, k, p, lmp, key0, key1 = params
+    rows, dev = x.shape[0], x.device
+    count = torch.empty(rows, dtype=torch.int64, device=dev)
+    low, top, upper = (torch.empty(rows, dtype=torch.float32, device=dev) for _ in range(3))
+    xtc = kept.coin is not None
+    xthr, coin = (kept.xtc_threshold, kept.coin) if xtc else (t, valid)      # (not read without XTC)
+    aligned = tuple(v.data_ptr() & 15 == 0 for v in (kept.rows, xthr, coin))
+    KEPT.at((site, "kept", xtc, aligned), (kept.rows.shape[0],), x, x.stride(0), x.shape[1], col_offset, kept.rows,
+            t, k, p, lmp, n_sigma, ws.tkey, key0, key1, xthr, coin, float(2.0 ** shift), 1 << shift, token, valid,
+            count, low, top, upper, BLOCK=cfg.block, SIGMA=n_sigma is not None, XTC=xtc, EXACT_EXP=exact_exp,
+            num_warps=cfg.num_warps)
+    return count, low, top, upper

@@ -130,7 +130,7 @@ def list_slot_valid(cand_n, row, idx, LG: tl.constexpr):
 def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass, ids_ptr, vals_ptr, cand_n, lo, inv,
                  NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, EXACT_EXP: tl.constexpr,
                  NBH: tl.constexpr, PTX: tl.constexpr):
-    """(settled, winner value, winner column, top bin, top mass) of a row from its list (see the
+    """(settled, winner value, winner column, threshold key, top bin, top mass) of a row from its list (see the
     module docstring): the columns at ids_ptr's row, their x (fp32 bits) at the same slots of
     vals_ptr's. The whole list is held at once, LCAP slots over the program's lanes, and v* is
     searched between the keys of Lx (every kept entry is above it) and of m (the largest), the
@@ -155,6 +155,7 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
     ok = whole & (tl.sum(e, axis=0).to(tl.float64) >= target)
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
+    thr = tl.zeros((), tl.int64)
     top_bin = tl.full((), NBH - 1, tl.int32)
     top_mass = tl.zeros((), tl.int64)
     if whole & ~ok:     # (only for the bracket: settled rows skip the reduction)
@@ -170,26 +171,28 @@ def resolve_list(row, t, p, m, t_lo, xf, scale, one, k0, k1, col_offset, p_mass,
         kept = keep & (keys >= thr)
         score = key_to_float(keys) + gumbel(k0, k1, ids + col_offset)
         v, i = argmax_pair(tl.where(kept, score, NEG_INF), tl.where(kept, ids, BIG_ID32))
-    return ok, v, i, top_bin, top_mass
+    return ok, v, i, thr, top_bin, top_mass
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_stage, st_m, st_tkey,
                 st_raw, st_token, st_valid, st_xf, p_mass, ids_ptr, cand_n, hist_ptr, st_arrive, listed,
                 st_hlo, st_hinv, st_top_bin, st_top_mass, NSPLIT: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr,
-                NBH: tl.constexpr, HW: tl.constexpr, EXACT_EXP: tl.constexpr, PTX: tl.constexpr):
+                NBH: tl.constexpr, HW: tl.constexpr, EXACT_EXP: tl.constexpr, PTX: tl.constexpr,
+                KEPT: tl.constexpr):
     """Each LIST row (others return at once): its token from the list (DONE, counted in
     `listed`), else stage BINS with its histogram and its arrival count zeroed for the bins pass,
     and its top bin and top mass (`resolve_list`) for the bracket.
     The listed x are in the row's hist words (HW a row, the bins' later), so the row's logits
-    are not read again; the row's counters are zeroed either way (the list is read first)."""
+    are not read again; the row's counters are zeroed either way (the list is read first).
+    KEPT: a settled row's threshold key goes to st_tkey (kept.py)."""
     tl.static_assert(4 * FEW + 2 <= HW)    # the search's scratch fits a row's words (`launch.hist_width`)
     row = tl.program_id(0)
     if tl.load(st_stage + row) == LIST:
         k0 = tl.load(key0_ptr + row).to(tl.uint32)
         k1 = tl.load(key1_ptr + row).to(tl.uint32)
         hrow = hist_ptr + row.to(tl.int64) * HW
-        ok, v, i, top_bin, top_mass = resolve_list(
+        ok, v, i, thr, top_bin, top_mass = resolve_list(
             row, tl.load(t_ptr + row), tl.load(p_ptr + row), tl.load(st_m + row), key_to_float(tl.load(st_tkey + row)),
             tl.load(st_xf + row), scale, one, k0, k1, col_offset, p_mass, ids_ptr, hrow, cand_n,
             tl.load(st_hlo + row), tl.load(st_hinv + row), NSPLIT, LCAP, LG, EXACT_EXP, NBH, PTX)
@@ -200,6 +203,8 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
             tl.store(st_valid + row, found)
             tl.atomic_add(listed, 1)
             stage = tl.full((), DONE, tl.int32)
+            if KEPT:
+                tl.store(st_tkey + row, thr)
         else:       # (every warp read the list's x before the reductions that decided ok)
             tl.store(hrow + tl.arange(0, NBH), tl.zeros((NBH,), tl.int32))
             tl.store(st_arrive + row, 0)
@@ -299,7 +304,7 @@ def after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key
                st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, cand_id, p_mass, fallbacks, leans,
                NSPLIT: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, LCAP: tl.constexpr,
                FC: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr,
-               LG: tl.constexpr):
+               LG: tl.constexpr, KEPT: tl.constexpr):
     """The per-row step of a LEAN row (see the module docstring): its token, or the exact search;
     returns the new stage. The list's LG counters are still in cand_n (the caller zeroes them
     after this step)."""
@@ -312,6 +317,7 @@ def after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key
     ok = depth <= LCAP // LG
     v = tl.full((), NEG_INF, tl.float32)
     i = tl.full((), BIG_ID32, tl.int32)
+    thr = tl.zeros((), tl.int64)
     if ok:
         m_above, av, ai, nb = _split_listed(row, depth * LG, cand_n, xrow, t, tl.load(st_lean_l + row),
                                             tl.load(st_hlo + row), tl.load(st_hinv + row), tl.load(st_last + row),
@@ -321,12 +327,12 @@ def after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key
         ok = nb <= CAP
         if ok:
             if nb <= SMALL:
-                ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                ok, v, i, thr = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
                                            key1_ptr, col_offset, cand_id, CAP, SMALL, EXACT_EXP)
             else:
-                ok, v, i = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
+                ok, v, i, thr = _resolve_listed(row, nb, xrow, t, target, m_above, av, ai, m, scale, one, key0_ptr,
                                            key1_ptr, col_offset, cand_id, CAP, CAP, EXACT_EXP)
     if ok:
         tl.atomic_add(leans, 1)
-    return settle(row, ok, v, i, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo, st_khi,
-                  st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB)
+    return settle(row, ok, v, i, thr, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo,
+                  st_khi, st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB, KEPT)

@@ -223,9 +223,9 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
                  fallbacks, st_xf, st_lean_l, ids_ptr, leans,
                  NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                  SMALL: tl.constexpr, P: tl.constexpr, NB: tl.constexpr, EXACT_EXP: tl.constexpr,
-                 MAX_ROUNDS: tl.constexpr, NBH: tl.constexpr):
+                 MAX_ROUNDS: tl.constexpr, NBH: tl.constexpr, KEPT: tl.constexpr):
     """Stages 1-4 only (COLLECT, DRAW, HIST): BRACKET and LEAN rows are settled by the first
-    round's finish (DONE, or HIST when they fall back)."""
+    round's finish (DONE, or HIST when they fall back). KEPT: as `finish.finish_body`'s."""
     row = tl.program_id(0)
     stage = tl.load(st_stage + row)
     it = 0
@@ -242,7 +242,7 @@ def drain_kernel(x_ptr, stride, ncols, t_ptr, k_ptr, p_ptr, key0_ptr, key1_ptr, 
                             st_shift, st_cabove, st_mabove, st_S, st_piv, cand_key, cand_id, cand_n,
                             p_best_v, p_best_i, p_cnt, p_mass, p_cgt, p_mgt, p_hist, st_count, fallbacks,
                             x_ptr, stride, t_ptr, st_hlo, st_hinv, st_last, st_lean_l, ids_ptr, leans,
-                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH, 1)
+                            NSPLIT, CAP, SMALL, P, NB, EXACT_EXP, 7, 1, 16, NBH, 1, KEPT)
         tl.debug_barrier()
         it += 1
     if stage != DONE:        # cannot happen (the search narrows every round); flag, never hang
