@@ -146,6 +146,8 @@ def _tokens(group, names=tuple(WORKLOADS)):
     for name in ("front", "top_values", "tie_counts", "gumbel_draw") if passes is not None else ():
         def counted(*a, _f=getattr(passes, name), _n=name, **kw):
             calls[_n] = calls.get(_n, 0) + 1
+            if _n == "front" and (kw.get("copy") if len(a) < 3 else a[2]) is not None:
+                calls["working_copies"] = calls.get("working_copies", 0) + 1
             return _f(*a, **kw)
         setattr(passes, name, counted)
     out = {}
@@ -166,13 +168,15 @@ def _tokens(group, names=tuple(WORKLOADS)):
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="gloo ranks on CPU tensors: the interpreter's case")
-def test_vocab_parallel_on_the_shard_kernels_gives_tp1_tokens(monkeypatch):
+def test_vocab_parallel_on_the_shard_kernels_gives_tp1_tokens_without_a_working_copy(monkeypatch):
+    """The kernels read the bf16 shard itself (temperature divided on the fly): no fp32 copy."""
     from tpsample.parallel.launch import spawn_ranks
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
     want, _ = _tokens(None)
     for rank, (got, calls) in enumerate(spawn_ranks(_tokens, 2, timeout_s=300)):
         assert got == want, f"rank {rank}"
         assert min(calls.get(n, 0) for n in ("front", "top_values", "tie_counts", "gumbel_draw")) > 0, calls
+        assert calls.get("working_copies", 0) == 0, calls
 
 
 @pytest.mark.gpu
@@ -198,3 +202,18 @@ def test_full_size_shard_passes_match_the_torch_functions_on_gpu(shard):
     want_v, want_i = local_gumbel_draw(l, thr, seeds, pos, start)
     got_v, got_i = (r.cpu() for r in shard.gumbel_draw(x.to(DEV), d(thr), d(k0), d(k1), start, d(t)))
     assert torch.equal(got_i, want_i) and torch.allclose(got_v, want_v, rtol=1e-6)
+
+
+def test_the_torch_passes_given_a_temperature_equal_the_passes_on_the_divided_row():
+    """Without kernels (CPU tensors), top values, tie counts and the draw given T equal the same
+    functions on the row step 6 divided (greedy rows divide by 1)."""
+    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 3
+    l = x.clone()
+    P.apply_temperature(l, T)
+    assert torch.equal(local_top_values(x, 9, temperature=T), local_top_values(l, 9))
+    last = local_top_values(l, 9)[:, -1]
+    assert torch.equal(_tie_counts(x, last, 9, T), _tie_counts(l, last, 9))
+    seeds, pos, thr = torch.arange(6), torch.arange(6) + 5, last
+    got = local_gumbel_draw(x, thr, seeds, pos, 40, temperature=T)
+    want = local_gumbel_draw(l, thr, seeds, pos, 40)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

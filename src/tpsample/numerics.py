@@ -51,6 +51,12 @@ def fixed_point_masses(l: torch.Tensor, m: torch.Tensor, shift: int) -> torch.Te
     return (e * float(2**shift)).to(torch.int64)
 
 
+def temperature_divisor(temperature: torch.Tensor, device) -> torch.Tensor:
+    """[rows] what step 6 divides each row by: T, or 1 for greedy rows (T == 0)."""
+    t = temperature.to(device)
+    return torch.where(t == 0, torch.ones_like(t), t)
+
+
 def kept_mask(l: torch.Tensor, thr: torch.Tensor) -> torch.Tensor:
     """Entries a filter keeps: l >= thr (per row) and l > -inf."""
     return (l >= thr.unsqueeze(1)) & (l > NEG_INF)

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..noise import SALT_DRAW, gumbel_noise
-from ..numerics import NEG_INF, kept_mask, row_chunks
+from ..numerics import NEG_INF, kept_mask, row_chunks, temperature_divisor
 from .keys import row_keys, shard_passes
 
 
@@ -34,13 +34,15 @@ def gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positio
 
 def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                       col_start: int, salt: int = SALT_DRAW,
-                      log_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      log_weights: Optional[torch.Tensor] = None,
+                      temperature: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """argmax over kept local tokens of (score + g(seed, pos, id)): (value, global id) per row.
 
     Where the kernels run (`keys.shard_passes`) the plain draw is one streaming kernel with no
     temporaries, which hashes the noise only of entries that may win (`kernels.shard`).
 
-    score is `l` (the processed logits), or `log_weights` when given (residual draws).
+    score is `l` (the processed logits), or `log_weights` when given (residual draws); with
+    `temperature`, l / T (step 6 applied on the fly to an input row; not with log_weights).
     A row with no kept token returns value -inf.
     """
     n, cols = l.shape
@@ -48,18 +50,20 @@ def local_gumbel_draw(l: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, p
         passes = shard_passes(l)
         if passes is not None:
             k0, k1 = row_keys(seeds.to(l.device), positions.to(l.device), salt)
-            return passes.gumbel_draw(l, thr, k0, k1, col_start)
+            return passes.gumbel_draw(l, thr, k0, k1, col_start, temperature)
+    div = None if temperature is None else temperature_divisor(temperature, l.device).unsqueeze(1)
     best_v = torch.full((n,), NEG_INF, device=l.device)
     best_i = torch.zeros(n, dtype=torch.int64, device=l.device)
     ids_all = torch.arange(col_start, col_start + cols, device=l.device)
     for s, t in row_chunks(n, cols, l.device):
-        score = l[s:t] if log_weights is None else log_weights[s:t]
+        x = l[s:t] if div is None else l[s:t] / div[s:t]
+        score = x if log_weights is None else log_weights[s:t]
         g = gumbel_noise(seeds[s:t].to(l.device), positions[s:t].to(l.device), ids_all, salt)
         z = g.add_(score)
-        keep = kept_mask(l[s:t], thr[s:t]) & (score > NEG_INF)
+        keep = kept_mask(x, thr[s:t]) & (score > NEG_INF)
         z.masked_fill_(~keep, NEG_INF)
         best_v[s:t], best_i[s:t] = local_argmax(z, col_start)
-        del z, g, keep
+        del x, z, g, keep
     return best_v, best_i
 
 

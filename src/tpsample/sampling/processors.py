@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics import NEG_INF
+from ..numerics import NEG_INF, temperature_divisor
 from .allowed import AllowedIds
 from .bad_words import BadWords
 from .dry import Dry
@@ -51,9 +51,7 @@ def apply_bitmask(l: torch.Tensor, bitmask: torch.Tensor, col_start: int) -> Non
 
 def apply_temperature(l: torch.Tensor, temperature: torch.Tensor) -> None:
     """l / T for sampled rows; greedy rows (T == 0) stay as they are."""
-    t = temperature.to(l.device)
-    t = torch.where(t == 0, torch.ones_like(t), t)
-    l.div_(t.unsqueeze(1))
+    l.div_(temperature_divisor(temperature, l.device).unsqueeze(1))
 
 
 def mask_nans(l: torch.Tensor, chunks) -> torch.Tensor:

@@ -25,7 +25,16 @@ from typing import Optional
 
 import torch
 
-from ..numerics import NEG_INF, fixed_point_masses, kept_mask, key_to_float, mass_shift, order_key, row_chunks
+from ..numerics import (
+    NEG_INF,
+    fixed_point_masses,
+    kept_mask,
+    key_to_float,
+    mass_shift,
+    order_key,
+    row_chunks,
+    temperature_divisor,
+)
 from .keys import shard_passes
 
 NUM_CANDIDATES = 64
@@ -47,12 +56,14 @@ def min_p_threshold(l: torch.Tensor, min_p: torch.Tensor, red, row_max=None) -> 
     return m + torch.log(min_p.to(l.device))
 
 
-def local_top_values(l: torch.Tensor, c: int, rows=None) -> torch.Tensor:
+def local_top_values(l: torch.Tensor, c: int, rows=None, temperature=None) -> torch.Tensor:
     """[rows, c] largest local values, descending, -inf padded (a kernel where `keys.shard_passes`
-    gives one: no topk workspace, no row chunks)."""
+    gives one: no topk workspace, no row chunks). temperature [rows] (only without `rows`): the
+    values of l / T (T = 0 divides by 1), for an l the temperature was not applied to."""
     passes = shard_passes(l)
     if passes is not None and 0 < c <= passes.MAX_TOP:
-        return passes.top_values(l if rows is None else l.index_select(0, rows), c).to(l.dtype)
+        x = l if rows is None else l.index_select(0, rows)
+        return passes.top_values(x, c, temperature).to(torch.float32 if temperature is not None else l.dtype)
     n = l.shape[0] if rows is None else rows.numel()
     out = torch.full((n, c), NEG_INF, dtype=l.dtype, device=l.device)
     k = min(c, l.shape[1])
@@ -60,6 +71,8 @@ def local_top_values(l: torch.Tensor, c: int, rows=None) -> torch.Tensor:
     for s, t in row_chunks(n, l.shape[1], l.device) if k > 0 else ():
         x = l[s:t] if rows is None else l.index_select(0, rows[s:t])
         out[s:t, :k] = torch.topk(x, k, dim=1).values
+    if temperature is not None:
+        out = out.float().div_(temperature_divisor(temperature, l.device).unsqueeze(1))
     return out
 
 

@@ -113,14 +113,17 @@ class Front:
     greedy: tuple                           # local (max, id) of the processed row
 
 
-def front(a) -> Front:
-    """Steps 1-5 on the columns held (no communication)."""
+def front(a, read_x: bool = False) -> Front:
+    """Steps 1-5 on the columns held (no communication). read_x (where the shard kernels run and
+    no step writes the row: the caller checks): l is x itself, NaNs left in place (every shard
+    pass reads them as -inf) and no working copy is made."""
     x, col_start, b, bitmask, inplace = a.x, a.col_start, a.batch, a.bitmask, a.inplace
-    copy = not (inplace and x.dtype == torch.float32)
     passes = shard_passes(x)
-    if passes is not None:      # one read of x: the working row, its NaN counts and argmax
+    read_x = read_x and passes is not None
+    copy = not read_x and not (inplace and x.dtype == torch.float32)
+    if passes is not None:      # one read of x: the working row (unless read_x), its NaN counts and argmax
         l = torch.empty(x.shape, dtype=torch.float32, device=x.device) if copy else x
-        local_nans, *best = passes.front(x, col_start, l)                 # 1
+        local_nans, *best = passes.front(x, col_start, None if read_x else l)   # 1
         guard_local = tuple(best)
     else:
         l = x.to(torch.float32, copy=True) if copy else x                 # [rows, cols] working row

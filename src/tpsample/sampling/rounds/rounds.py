@@ -29,6 +29,7 @@ from ...numerics import NEG_INF, mass_shift, row_chunks
 from .. import processors as P
 from .. import top_n_sigma
 from ..draw import emitted_tokens, local_gumbel_draw
+from ..keys import shard_passes
 from ..thresholds import _radix_search
 from ..torch_backend import front, note_memory
 from . import drafts, summary, topp_band, topp_band_lp
@@ -41,12 +42,14 @@ class _Step:
 
     exact_rows = 0                  # rows sent to the exact path (set by the guard)
 
-    def __init__(self, a, f):
+    def __init__(self, a):
         b, dev = a.batch, a.x.device
-        self.a, self.f = a, f
+        self.a = a
         self.dr = drafts.DraftRows.of(a)                          # rows verifying against a distribution
         self.needs = summary.RowNeeds.of(b, row_max=self.dr is not None)
         self.band = torch.from_numpy(self.needs.band).to(dev, non_blocking=True) if len(self.needs.band) else None
+        self.read_x = _reads_x(a, self.needs)                     # no working copy: step 6 on the fly
+        self.f = front(a, read_x=self.read_x)                     # 1-5
         self.th = None                                            # round 1's thresholds, when it runs
         self.thr = torch.full((b.num_rows,), NEG_INF, device=dev)
         self.lp = self.drawn = self.w = self.band_lp = None
@@ -60,19 +63,21 @@ class ShardRounds:
         self.force_exact = force_exact
 
     def front(self, a) -> _Step:
-        return _Step(a, front(a))                                             # 1-5
+        return _Step(a)                                                       # 1-5
 
     def draw(self, st: _Step) -> None:
         """6-10; the processed-logprob rows are masked here, before the draw's gather carries
         their statistics (round 2)."""
         a, f = st.a, st.f
         b, l = a.batch, f.l
+        t = b.temperature if st.read_x else None      # step 6 inside the passes that read x
         if b.sample_any:
-            P.apply_temperature(l, b.temperature)                             # 6
+            if t is None:
+                P.apply_temperature(l, b.temperature)                         # 6
             if st.needs.summary:                                              # round 1: 7-9
                 ends = top_n_sigma.row_ends(l, a.red, b.vocab_size) if st.needs.sigma else None   # (+1 round)
                 packet = Packet()
-                fields = summary.add_local(packet, l, st.needs, st.band, ends, b.vocab_size)
+                fields = summary.add_local(packet, l, st.needs, st.band, ends, b.vocab_size, t)
                 st.th = summary.derive(packet.gather(a.red), fields, b, st.needs, st.band, ends)
                 st.thr = st.th.thr
         if b.lp_proc_rows is not None:              # processed logprob rows: after step 9
@@ -81,7 +86,7 @@ class ShardRounds:
         if b.sample_any:
             band, thr = st.band, st.thr
             t_draw = thr if band is None else thr.index_put((band,), torch.maximum(thr[band], st.th.bracket.b.float()))
-            st.drawn = local_gumbel_draw(l, t_draw, b.seeds, b.positions, a.col_start)    # 10
+            st.drawn = local_gumbel_draw(l, t_draw, b.seeds, b.positions, a.col_start, temperature=t)   # 10
         else:
             st.drawn = f.greedy
 
@@ -118,6 +123,16 @@ class ShardRounds:
 
 
 ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)
+
+
+def _reads_x(a, needs: summary.RowNeeds) -> bool:
+    """Whether the step's passes may read the input shard itself, with no fp32 working copy: the
+    shard kernels run on it (they read its dtype, take NaN as -inf and divide by T on the fly)
+    and no step writes the row (no grammar mask, processor, logprobs, drafts, XTC, top-n-sigma
+    or band rows, whose passes are torch ops on the working row)."""
+    b = a.batch
+    return (shard_passes(a.x) is not None and a.bitmask is None and a.draft_probs is None and not b.uses_processors
+            and b.logprobs_max < 0 and not b.drafts_any and not b.xtc_any and not needs.sigma and not len(needs.band))
 
 
 def _mask_rows(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks
+from ...numerics import NEG_INF, fixed_point_masses, kept_mask, mass_shift, row_chunks, temperature_divisor
 from .. import top_n_sigma
 from ..keys import shard_passes
 from ..thresholds import local_top_values, masses, threshold_from_sorted
@@ -55,27 +55,32 @@ class RowNeeds:
         return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need, sigma)
 
 
-def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows, sigma_ends=None, vocab_size: int = 0) -> dict:
+def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows, sigma_ends=None, vocab_size: int = 0,
+              temperature=None) -> dict:
     """Queue this part's summary; returns the packet's field indices by name. sigma_ends: the
-    rows' `top_n_sigma.Ends` when some row uses top-n-sigma (its local sums join the round)."""
-    top = local_top_values(l, needs.num_top)                    # [rows, C] descending
+    rows' `top_n_sigma.Ends` when some row uses top-n-sigma (its local sums join the round).
+    temperature: l is the input row, step 6 still to apply (no band or top-n-sigma rows then)."""
+    top = local_top_values(l, needs.num_top, temperature=temperature)      # [rows, C] descending
     fields = {"top": packet.add(top)}
     if sigma_ends is not None:
         fields["sigma"] = packet.add(top_n_sigma.local_sums(l, sigma_ends, vocab_size))
     if needs.ties:
-        fields["ties"] = packet.add(_tie_counts(l, top[:, -1], needs.num_top))
+        fields["ties"] = packet.add(_tie_counts(l, top[:, -1], needs.num_top, temperature))
     if band_rows is not None:
         fields["hist"] = packet.add(topp_band.local_histogram(l, band_rows))
     return fields
 
 
-def _tie_counts(l: torch.Tensor, last: torch.Tensor, c: int) -> torch.Tensor:
-    """Per row: local values equal to `last` (the C-th largest) beyond the C sent."""
+def _tie_counts(l: torch.Tensor, last: torch.Tensor, c: int, temperature=None) -> torch.Tensor:
+    """Per row: local values equal to `last` (the C-th largest) beyond the C sent (of l / T when
+    temperature is given)."""
     if (passes := shard_passes(l)) is not None:
-        return passes.tie_counts(l, last, c)
+        return passes.tie_counts(l, last, c, temperature)
+    div = None if temperature is None else temperature_divisor(temperature, l.device).unsqueeze(1)
     ge = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
     for s, t in row_chunks(l.shape[0], l.shape[1], l.device):
-        ge[s:t] = (l[s:t] >= last[s:t].unsqueeze(1)).sum(dim=1)
+        x = l[s:t] if div is None else l[s:t] / div[s:t]
+        ge[s:t] = (x >= last[s:t].unsqueeze(1)).sum(dim=1)
     return torch.where(last > NEG_INF, ge - c, torch.zeros_like(ge)).clamp_(min=0)
 
 
