@@ -101,10 +101,20 @@ def test_a_batch_without_a_kept_pass_launches_what_it_did_and_one_with_it_one_ke
     with_kept = list(launched)
     launched.clear()
     t, k, p, lmp = params(rows)
-    sample_rows(x, t, k, p, lmp, *row_keys(len(rows), 0))
+    sample_rows(*(v.to(DEV) for v in (x, t, k, p, lmp, *row_keys(len(rows), 0))))
     names = [name for name, _ in launched]
     assert names == ["scan_kernel", "select_kernel", "hist_kernel", "list_kernel", "hist_kernel", "round_kernel",
                      "finish_kernel", "drain_kernel"]
     assert all(flag in (None, False) for _, flag in launched)
     assert [name for name, _ in with_kept] == names + ["kept_kernel"]
     assert [flag for name, flag in with_kept if name in ("list_kernel", "finish_kernel", "drain_kernel")] == [True] * 3
+
+
+def test_per_lane_ptx_runs_only_where_every_entry_has_a_thread_of_its_own():
+    """Inline PTX atomics run once per thread holding an entry: a small list (a search config's
+    16 slots over the list kernel's 256 threads) repeats each entry over threads, and each copy
+    would claim a slot (the kernels' kept threshold went below the reference's on CUDA)."""
+    from tpsample.kernels.sample.launch import lane_ptx
+    assert not lane_ptx(True, 2 * SEARCH.cap, 8) and not lane_ptx(True, 2 * SPLIT.cap, 8)
+    assert lane_ptx(True, 2 * DEFAULT.cap, 8) and lane_ptx(True, 1024, 4)
+    assert not lane_ptx(False, 2 * DEFAULT.cap, 8)

@@ -6,7 +6,9 @@ Every helper is `@triton.jit` and uses core `tl` ops only (the CPU interpreter r
 that same routine, so masses then match torch on the GPU bit for bit; `tl.exp` lowers to the
 faster `ex2.approx`, within a few ulps. Likewise `count_where`, `claim_where`, `store_where`,
 `store_pair_where`, `ex2_ftz` and `opaque_u32` run inline PTX when their PTX flag is set
-(compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops.
+(compiled for CUDA), else `tl.atomic_add` / `tl.store` / core ops. The PTX of the atomics and
+stores runs in every thread that holds an entry: a vector with fewer entries than the program
+has threads repeats entries over threads, and must take the core ops (`launch.lane_ptx`).
 
 The noise twin of `tpsample.noise` (`uniform_bits`, `gumbel_from_bits`, `gumbel`): for key0 /
 key1 (uint32) and global token ids, `uniform_bits` returns exactly the u of `noise.uniform_bits`

@@ -86,6 +86,16 @@ def list_warps(dev: torch.device, cfg: KernelConfig) -> int:
     return 8 if dev.type == "cuda" else 4
 
 
+def lane_ptx(cuda: bool, lanes: int, warps: int) -> bool:
+    """Whether a kernel whose vectors hold `lanes` entries, run by `warps` warps, may take the
+    per-lane PTX atomics and stores (`tlutil.claim_where`, `store_where`, `count_where`,
+    `claim_slots`): compiled for CUDA, and every entry held by one thread only. With fewer
+    entries than threads Triton repeats each entry over several threads; its own atomics and
+    stores mask the copies, inline PTX cannot, so every copy would claim a slot of its own (a list
+    with repeats and holes, writes past its room, a wrong threshold)."""
+    return cuda and lanes >= 32 * warps
+
+
 def block_max_cols(cols: int) -> int:
     """BB, the columns of a block whose maximum the scan keeps: 16..128 from V."""
     return min(128, max(16, next_pow2(math.ceil(cols / 2048))))
@@ -216,20 +226,22 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
         fallbacks, leans = fallback_counter(dev), lean_counter(dev)
         if hints.any_top_p_alone:
             hb, hw = cfg.hist_block or block, cfg.hist_warps or nw
+            lw = list_warps(dev, cfg)
+            hist_ptx = lane_ptx(cuda, hb, hw)
             hist_args = (x, x.stride(0), cols, t, p, scale, ws.stage, ws.m, ws.tkey, ws.hlo, ws.hinv, ws.hist,
                          ws.p_mass, ws.xf, ws.cand_ids, ws.cand_n, ws.arrive, ws.bfirst, ws.blast, ws.bcount,
                          ws.lean_l, ws.top_bin, ws.top_mass)
             hist_shape = dict(NSPLIT=splits, CHUNK=chunk, BLOCK=hb, NBH=cfg.hist_bins, EXACT_EXP=exact_exp,
-                              LCAP=lcap, LG=cfg.list_groups, PTX=cuda, ALL=min(cfg.bracket_all, cfg.cap),
+                              LCAP=lcap, LG=cfg.list_groups, PTX=hist_ptx, ALL=min(cfg.bracket_all, cfg.cap),
                               CAP=cfg.cap, LEAN="bracket" not in cfg.force, HW=hist_width(cfg), num_warps=hw)
             # 4 entries a thread, whole
-            pack = cuda and "unpacked" not in cfg.force and hb % (128 * hw) == 0
+            pack = hist_ptx and "unpacked" not in cfg.force and hb % (128 * hw) == 0
             HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
             LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
-                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=cuda, KEPT=kept is not None,
-                    num_warps=list_warps(dev, cfg), **reg_cap(cuda, cfg.list_regs))
+                    NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=lane_ptx(cuda, lcap, lw),
+                    KEPT=kept is not None, num_warps=lw, **reg_cap(cuda, cfg.list_regs))
             BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **reg_cap(cuda, cfg.bins_regs))
         ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
