@@ -118,3 +118,15 @@ def test_per_lane_ptx_runs_only_where_every_entry_has_a_thread_of_its_own():
     assert not lane_ptx(True, 2 * SEARCH.cap, 8) and not lane_ptx(True, 2 * SPLIT.cap, 8)
     assert lane_ptx(True, 2 * DEFAULT.cap, 8) and lane_ptx(True, 1024, 4)
     assert not lane_ptx(False, 2 * DEFAULT.cap, 8)
+
+
+def test_steps_whose_block_maxima_lie_below_the_kept_set_are_skipped_without_changing_any_row():
+    """On rows several kept-pass steps wide, a top-k / top-p row's kept set is a few blocks: the
+    pass reads only the steps and blocks whose scan maximum reaches the threshold, and the kept
+    counts, bounds and XTC redraws stay the reference's (a block whose maximum is the smallest
+    kept value is read)."""
+    rows = [(0.8, 5, 1.0, 0.0), (0.8, 0, 0.9, 0.0), (1.0, 3, 0.5, 0.2), (0.8, 50, 0.9, 0.0), (1.0, 0, 1.0, 0.05),
+            (0.9, 200, 0.9, 0.01)]
+    x = logits("zipf", len(rows), 5000, torch.Generator().manual_seed(7)) * 4
+    for xtc in ([None] * len(rows), [0.0, 0.01, 0.0, 0.05, 0.0, 0.01]):
+        assert kept_pass(x, rows, DEFAULT, 1, xtc) == reference(x, rows, 1, xtc)

@@ -42,6 +42,8 @@ from .select import select_kernel
 from .sigma import sigma_sums_kernel
 from .state import Workspace, hist_width
 
+KEPT_STEP = 1024    # the kept pass's columns a step: a step whose blocks all lie below the kept set is not read
+KEPT_WARPS = 4
 SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN, KEPT = (
     Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
                           round_kernel, finish_kernel, drain_kernel, kept_kernel))
@@ -268,7 +270,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                   KEPT=kept is not None, num_warps=cfg.row_warps)
     extent = ()
     if kept is not None:
-        extent = launch_kept(site, x, params, col_offset, shift, n_sigma, ws, token, valid, kept, exact_exp, cfg)
+        extent = launch_kept(site, x, params, col_offset, shift, n_sigma, ws, nblk, bb, token, valid, kept,
+                             exact_exp)
     if isinstance(nans_out, str) and nans_out == "partials":
         return token, valid, ws.nans.view(rows, splits), *extent
     if nans_out is not None:
@@ -276,9 +279,10 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     return token, valid, *extent
 
 
-def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Workspace, token, valid, kept: Kept,
-                exact_exp: bool, cfg: KernelConfig) -> tuple:
-    """The kept pass over `kept.rows` (kept.py): (count, smallest, largest, upper), [R] each."""
+def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Workspace, nblk: int, bb: int, token,
+                valid, kept: Kept, exact_exp: bool) -> tuple:
+    """The kept pass over `kept.rows` (kept.py), in steps of KEPT_STEP columns (whole blocks of
+    the scan's BB) by KEPT_WARPS warps: (count, smallest, largest, upper), [R] each."""
     t, k, p, lmp, key0, key1 = params
     rows, dev = x.shape[0], x.device
     count = torch.empty(rows, dtype=torch.int64, device=dev)
@@ -287,7 +291,7 @@ def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Works
     xthr, coin = (kept.xtc_threshold, kept.coin) if xtc else (t, valid)      # (not read without XTC)
     aligned = tuple(v.data_ptr() & 15 == 0 for v in (kept.rows, xthr, coin))
     KEPT.at((site, "kept", xtc, aligned), (kept.rows.shape[0],), x, x.stride(0), x.shape[1], col_offset, kept.rows,
-            t, k, p, lmp, n_sigma, ws.tkey, key0, key1, xthr, coin, float(2.0 ** shift), 1 << shift, token, valid,
-            count, low, top, upper, BLOCK=cfg.block, SIGMA=n_sigma is not None, XTC=xtc, EXACT_EXP=exact_exp,
-            num_warps=cfg.num_warps)
+            t, k, p, lmp, n_sigma, ws.tkey, ws.bmax, nblk, key0, key1, xthr, coin, float(2.0 ** shift), 1 << shift,
+            token, valid, count, low, top, upper, TILE=max(1, KEPT_STEP // bb), BB=bb, SIGMA=n_sigma is not None,
+            XTC=xtc, EXACT_EXP=exact_exp, num_warps=KEPT_WARPS)
     return count, low, top, upper
