@@ -44,6 +44,9 @@ from .state import Workspace, hist_width
 
 KEPT_STEP = 1024    # the kept pass's columns a step: a step whose blocks all lie below the kept set is not read
 KEPT_WARPS = 4
+# the sigma pass's columns a step and warps: its per-entry work (an exact division, float64 grid
+# arithmetic) is independent entry to entry, so wide steps keep many in flight
+SIGMA_STEP, SIGMA_WARPS = 1024, 4
 SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN, KEPT = (
     Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
                           round_kernel, finish_kernel, drain_kernel, kept_kernel))
@@ -211,8 +214,8 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
          MODES=hints.modes, PTX=cuda, SIGMA=sigma, num_warps=shape.scan_warps)
     if sigma:
         SIGMA.at(site, (rows, splits), x, x.stride(0), cols, t, n_sigma, ws.sig_lo, ws.sig_hi, ws.sig_sums,
-                 ws.sig_top, ws.sig_scale, NSPLIT=splits, CHUNK=chunk, BLOCK=block, B=shift // 2,
-                 num_warps=shape.cfg.num_warps)
+                 ws.sig_top, ws.sig_scale, NSPLIT=splits, CHUNK=chunk, BLOCK=min(SIGMA_STEP, next_pow2(chunk)),
+                 B=shift // 2, num_warps=SIGMA_WARPS)
     SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.xf,
