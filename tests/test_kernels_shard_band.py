@@ -19,6 +19,7 @@ from tpsample.numerics import mass_shift
 from tpsample.sampling.rounds import topp_band as tb
 
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CFGS = [KernelConfig(splits=4, block=32), KernelConfig(splits=1, block=64)]
 
 
@@ -30,7 +31,11 @@ def band(triton_interpreter):
 
 @contextmanager
 def numpy_exp_log():
-    """torch.exp / torch.log as numpy's: the functions the interpreter's tl.exp / tl.log run."""
+    """On CPU, torch.exp / torch.log as numpy's: the functions the interpreter's tl.exp / tl.log
+    run (on CUDA torch's and the kernels' are libdevice's already)."""
+    if DEV == "cuda":
+        yield
+        return
     with mock.patch.object(torch, "exp", lambda t: torch.from_numpy(np.exp(t.numpy()))), \
          mock.patch.object(torch, "log", lambda t: torch.from_numpy(np.log(t.numpy()))):
         yield
@@ -47,10 +52,10 @@ def band_rows(cols=700):
     l[4] = float("-inf")
     l[5] = torch.linspace(0, -40, cols)                            # mass spread far below the grid
     l[6] = -torch.log(torch.arange(1, cols + 1, dtype=torch.float32))   # Zipf-like
-    return l
+    return l.to(DEV)
 
 
-ROWS = torch.tensor([6, 1, 0, 2, 3, 4, 5])
+ROWS = torch.tensor([6, 1, 0, 2, 3, 4, 5], device=DEV)
 
 
 @pytest.mark.parametrize("cfg", CFGS, ids=["split", "one"])
@@ -72,11 +77,11 @@ def _brackets(l, rows, top_p, thr, hist, vocab):
 def test_band_partials_equal_the_torch_partials_bit_for_bit(band, cfg):
     l = band_rows()
     n, vocab, start = ROWS.numel(), 5000, 130
-    thr = torch.tensor([float("-inf"), -0.2, float("-inf"), 1.0, float("-inf"), float("-inf"), -3.0])
-    top_p = torch.tensor([0.95, 0.9, 0.9, 0.8, 0.9, 0.99, 0.7])
+    thr = torch.tensor([float("-inf"), -0.2, float("-inf"), 1.0, float("-inf"), float("-inf"), -3.0], device=DEV)
+    top_p = torch.tensor([0.95, 0.9, 0.9, 0.8, 0.9, 0.99, 0.7], device=DEV)
     with numpy_exp_log():
         br = _brackets(l, ROWS, top_p, thr, tb.local_histogram(l, ROWS), vocab)
-    seeds, pos = torch.arange(n) * 3 + 1, torch.arange(n) + 11
+    seeds, pos = torch.arange(n, device=DEV) * 3 + 1, torch.arange(n, device=DEV) + 11
     with numpy_exp_log():
         want = tb.local_partials(l, None, ROWS, thr, br, seeds, pos, start, mass_shift(vocab), with_counts=True)
     k0, k1 = noise.row_keys(seeds, pos, noise.SALT_DRAW)
@@ -132,6 +137,7 @@ def _tokens(group):
     return out, calls
 
 
+@pytest.mark.skipif(DEV == "cuda", reason="gloo ranks on CPU tensors: the interpreter's case")
 def test_vocab_parallel_on_the_band_kernels_gives_tp1_tokens_for_top_p_rows(monkeypatch):
     from tpsample.parallel.launch import spawn_ranks
     monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
