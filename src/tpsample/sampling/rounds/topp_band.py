@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...noise import gumbel_noise
+from ...noise import SALT_DRAW, gumbel_noise
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, row_chunks
+from ..keys import row_keys, shard_passes
 
 BIN_SCALE = 8.0          # bins of 1/8 nat on the grid floor(8 x) (a power of two: exact)
 NUM_BINS = 128           # 16 nats below a part's max; a crossing further down takes the exact path
@@ -62,7 +63,11 @@ TARGET_SLACK = 1e-15
 
 def local_histogram(l: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Round 1: [n, NUM_BINS + 1] fp32 masses exp(x - m_r) per bin below this part's max m_r
-    (bin j: floor(8 x) = floor(8 m_r) - j; the last bin holds everything further down)."""
+    (bin j: floor(8 x) = floor(8 m_r) - j; the last bin holds everything further down).
+    Where kernels run, `kernels.shard_band.band_histogram`: the same bins but the last, which
+    may differ in its last bit (its docstring says why that cannot change a token)."""
+    if (passes := _band_passes(l)) is not None:
+        return passes.band_histogram(l, rows, NUM_BINS, BIN_SCALE)
     n = rows.numel()
     hist = torch.zeros((n, NUM_BINS + 1), dtype=torch.float64, device=l.device)
     for s, t in row_chunks(n, l.shape[1], l.device):
@@ -148,7 +153,13 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
     (noise is hashed for each; no list, so every sub-bin's candidate is complete), per sub-bin: score
     (fp32, the best draw score l + g), id (int32, its global id: ties -> lowest; NO_ID when
     empty), value (fp32, its l), top (fp32, the sub-bin's largest l) and, with lp_at, lp (its
-    logprob-row value). lp_at: None, or lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values."""
+    logprob-row value). lp_at: None, or lp_at(rows [n], ids [n, k]) -> [n, k] logprob-row values.
+    Where kernels run, `kernels.shard_band.band_partials` gives the same fields bit for bit."""
+    if (passes := _band_passes(l)) is not None:
+        k0, k1 = row_keys(seeds, positions, SALT_DRAW)
+        got = passes.band_partials(l, rows, thr, br.a.float(), br.b.float(), br.sub_scale(), br.m_safe, k0, k1,
+                                   col_start, shift, NUM_SUB)
+        return _with_lookups(l, lp_at, rows, col_start, got, with_counts)
     n, cols, dev = rows.numel(), l.shape[1], l.device
     k1 = NUM_SUB + 1                                   # the last sub-bin collects everything else
     total = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -178,16 +189,31 @@ def local_partials(l: torch.Tensor, lp_at, rows: torch.Tensor, thr: torch.Tensor
         best_id[s:t].scatter_reduce_(1, j, torch.where(hit, ids, NO_ID), "amin")
         top[s:t].scatter_reduce_(1, j, x.masked_fill_(~inband, NEG_INF), "amax")
         del x, e, j, kept, hi, inband, z, hit
+    got = {"total": total, "above": above, "mass": mass, "count": count, "score": score, "id": best_id, "top": top}
+    return _with_lookups(l, lp_at, rows, col_start, {k: v[:, :NUM_SUB] if v.dim() == 2 else v for k, v in got.items()},
+                         with_counts)
+
+
+def _band_passes(l: torch.Tensor):
+    """The shard kernels for the working rows l, or None (torch ops then)."""
+    return shard_passes(l) if l.dtype == torch.float32 else None
+
+
+def _with_lookups(l: torch.Tensor, lp_at, rows: torch.Tensor, col_start: int, got: dict, with_counts: bool) -> dict:
+    """`local_partials`'s fields from the per-sub-bin reductions: each candidate's value (and
+    logprob-row value) looked up by its id, the counts only when asked."""
+    best_id = got["id"].to(torch.int64)
+    cols = l.shape[1]
     found = best_id < NO_ID
     col = (best_id - col_start).clamp(0, max(cols - 1, 0))
-    value = torch.where(found, l[rows.unsqueeze(1), col], torch.full_like(score, NEG_INF))
-    out = {"total": total, "above": above, "mass": mass, "score": score, "id": best_id.to(torch.int32),
-           "value": value, "top": top}
+    value = torch.where(found, l[rows.unsqueeze(1), col], torch.full_like(got["score"], NEG_INF))
+    out = {"total": got["total"], "above": got["above"], "mass": got["mass"], "score": got["score"],
+           "id": best_id.to(torch.int32), "value": value, "top": got["top"]}
     if with_counts:
-        out["count"] = count
+        out["count"] = got["count"]
     if lp_at is not None:
         out["lp"] = lp_at(rows, best_id)
-    return {k: v[:, :NUM_SUB] if v.dim() == 2 else v for k, v in out.items()}
+    return out
 
 
 def _sub_bin(x: torch.Tensor, b32: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
