@@ -86,6 +86,7 @@ def test_top_values_and_tie_counts_equal_the_torch_summary_functions(shard, dtyp
     want = local_top_values(l, c)
     xd, td, last = x.to(DEV), d(t), want[:, -1].to(DEV)
     assert torch.equal(shard.top_values(xd, c, td).cpu(), want)
+    assert torch.equal(shard.top_values(xd, c, td, cfg=SPLIT).cpu(), want)
     ties = _tie_counts(l, want[:, -1], c)
     assert torch.equal(shard.tie_counts(xd, last, c, td, cfg=SPLIT).cpu(), ties)
     assert torch.equal(shard.tie_counts(xd, last, c, td).cpu(), ties)
@@ -105,6 +106,51 @@ def test_gumbel_draw_picks_the_torch_draws_winner(shard, dtype, cfg):
     got_v, got_i = (t.cpu() for t in shard.gumbel_draw(x.to(DEV), d(thr), d(k0), d(k1), 500, d(T), cfg=cfg))
     assert torch.equal(got_i, want_i)
     assert torch.allclose(got_v, want_v, rtol=1e-6) and got_v[3] == float("-inf") and got_i[3] == 500
+
+
+SMALL_BLOCKS = KernelConfig(splits=4, block=8)      # blocks of 8 columns: many block maxima on a short row
+
+
+@pytest.mark.parametrize("cfg", [SPLIT, SMALL_BLOCKS], ids=["split", "small_blocks"])
+@pytest.mark.parametrize("c", [3, 7, 40])
+def test_top_values_count_every_tie_at_the_bound(shard, cfg, c):
+    """Rows of a few distinct values (the c-th largest block maximum, the bound, is tied many
+    times over, inside and across blocks), a constant row and a row whose top values are one
+    repeated value: the ties at the bound fill the list up to c exactly."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 4, (5, 300), generator=g).float()
+    x[1] = 2.5
+    x[2, ::7] = 9.0
+    x[3] = torch.randint(0, 2, (300,), generator=g).float() * 2 - 1
+    x[4, :150] = float("-inf")
+    assert torch.equal(shard.top_values(x.to(DEV), c, cfg=cfg).cpu(), local_top_values(x, c))
+
+
+@pytest.mark.parametrize("c", [119, 120, 121])
+def test_top_values_of_c_near_the_row_length_hold_every_entry_of_the_row(shard, c):
+    """The last, partial block and step of each split are read: with c around the row's length
+    every entry (the last column's too) is in the list, then -inf."""
+    x = shard_rows(cols=120)
+    x[:, -1] = 50.0
+    l = working_row(x)
+    for cfg in (SPLIT, SMALL_BLOCKS):
+        assert torch.equal(shard.top_values(x.to(DEV), c, cfg=cfg).cpu(), local_top_values(l, c))
+
+
+@pytest.mark.parametrize("dtype,tempered", [(torch.float32, False), (torch.bfloat16, True)])
+def test_top_values_are_exact_when_the_candidates_outnumber_one_sort_block(shard, dtype, tempered):
+    """The largest values bunched in the last blocks (an ascending row, a row with a high
+    plateau): more entries lie above the bound than the values kernel sorts at once, so the
+    radix select over the candidates picks the c largest."""
+    x = torch.arange(2000, dtype=torch.float32).repeat(3, 1) / 7
+    x[1, 1500:] = 400.0
+    x[1, 1700:1710] = 500.0
+    x[2] = x[2].flip(0)
+    x = x.to(dtype)
+    t = torch.tensor([0.7, 1.3, 0.0]) if tempered else None
+    for c in (7, 33):
+        want = local_top_values(working_row(x, t), c)
+        assert torch.equal(shard.top_values(x.to(DEV), c, d(t), cfg=SPLIT).cpu(), want)
 
 
 def test_an_empty_shard_gives_what_the_torch_functions_give(shard):
