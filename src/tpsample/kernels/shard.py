@@ -29,11 +29,9 @@ one-program-a-row kernel combines the splits' (value, id) pairs. The draw skips 
 a block whose best kept l cannot reach the best score so far with the largest possible noise
 (g <= 22.9, from W >= 2**-33) hashes nothing, and inside a block the logs of g run only where
 the TP = 1 scan's `may_win` test (the noise's bits alone) says an entry may win.
-`top_values` finds the k-th largest order key of fp32(x) (k = min(c, cols)) by a radix select,
-three histogram passes of 11, 11 and 10 bits in one program a row, then lists the entries above
-it in column order (no atomics: the list is sorted after), pads with the k-th value and sorts:
-four reads a row, c <= 2,048. Division by T > 0 is monotone, so the selection runs on x and only
-the c values are divided. `tie_counts` is one counting read.
+`top_values` (in `shard_summary`) bounds the c largest values from the blocks' maxima, lists the
+entries above the bound and sorts them (its docstring and docs/kernels.md give the method).
+`tie_counts` is one counting read.
 Never imports the sampling layers; `shard_summary` imports this module's row helpers.
 """
 from __future__ import annotations
