@@ -81,7 +81,7 @@ for phase in "${phases[@]}"; do
   case "$phase" in
     kernels) run_phase kernels tests/test_kernels_rng.py tests/test_kernels_stats.py tests/test_kernels_sample.py \
                  tests/test_kernels_step_ops.py tests/test_kernels_penalties.py tests/test_kernels_shard.py tests/test_kernels_shard_band.py \
-                 tests/test_kernels_kept.py
+                 tests/test_kernels_kept.py \
                  tests/test_attention_kernels.py \
                  -m "gpu or not gpu" ;;
     sampler) export TPSAMPLE_TEST_DEVICE=cuda
