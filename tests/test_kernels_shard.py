@@ -263,3 +263,13 @@ def test_the_torch_passes_given_a_temperature_equal_the_passes_on_the_divided_ro
     got = local_gumbel_draw(x, thr, seeds, pos, 40, temperature=T)
     want = local_gumbel_draw(l, thr, seeds, pos, 40)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_shard_kernel_switch_keeps_the_shard_on_the_torch_passes(monkeypatch):
+    """TPSAMPLE_SHARD_KERNELS=0: no shard kernel for a tensor the kernels would take."""
+    from tpsample.sampling.keys import shard_passes
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
+    x = torch.zeros(2, 8, device=DEV)
+    assert shard_passes(x) is not None
+    monkeypatch.setenv("TPSAMPLE_SHARD_KERNELS", "0")
+    assert shard_passes(x) is None

@@ -86,8 +86,11 @@ def shard_passes(x: torch.Tensor):
     """The shard-pass kernels (`kernels.shard`: front, gumbel_draw; `kernels.shard_summary`:
     top_values, tie_counts, MAX_TOP; `kernels.shard_band`: band_histogram, band_partials) for
     rows x, or None (torch ops then): kernels run on x's device and read its layout (fp32, bf16
-    or fp16 with unit column stride)."""
+    or fp16 with unit column stride). TPSAMPLE_SHARD_KERNELS=0 keeps vocab_parallel's shard on the
+    torch passes (the same tokens; a switch for a device where a shard kernel misbehaves)."""
     if x.dtype not in SHARD_DTYPES or x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1) or not _kernel_ok(x):
+        return None
+    if os.environ.get("TPSAMPLE_SHARD_KERNELS") == "0":
         return None
     return _kernel_fns().shard
 
