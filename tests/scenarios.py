@@ -198,3 +198,37 @@ def kernels_beside_torch(params: list[SamplingParams], x: torch.Tensor):
     mixed = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()))
     alone = sample_rows(SampleArgs(x.clone(), 0, b, LocalRows()), backend=TORCH)
     return _slow_rows(b.host).tolist(), mixed, alone
+
+
+def shard_pass_run(group, vocab: int, workloads: dict, passes: tuple, dtype=torch.float32) -> tuple:
+    """Per workload ({name: SamplingParams kwargs}, one request a row) the tokens and logprob
+    token ids of 2 steps under vocab_parallel on `group` (TP = 1 replicated without one), and how
+    often each named shard kernel (`keys.shard_passes`) ran in this process; "working_copies"
+    counts the `front` calls that were given a copy buffer."""
+    from tpsample.sampling.keys import _kernel_fns
+    shard = _kernel_fns().shard if group is not None else None
+    calls: dict = {}
+    for name in passes if shard is not None else ():
+        def counted(*a, _f=getattr(shard, name), _n=name, **kw):
+            calls[_n] = calls.get(_n, 0) + 1
+            if _n == "front" and (kw.get("copy") if len(a) < 3 else a[2]) is not None:
+                calls["working_copies"] = calls.get("working_copies", 0) + 1
+            return _f(*a, **kw)
+        setattr(shard, name, counted)
+    out = {}
+    for name, kwargs in workloads.items():
+        rows = 4
+        s = tpsample.Sampler(vocab, max_num_reqs=rows, strategy="vocab_parallel" if group else "replicated",
+                             group=group, seed=4)
+        start, end = tpsample.vocab_shard(vocab, s.tp_size, s.rank)
+        ids = [f"r{i}" for i in range(rows)]
+        for i, r in enumerate(ids):
+            s.add_request(r, SamplingParams(seed=50 + i, **kwargs), [1])
+        steps = []
+        for step in range(2):
+            plan = s.plan(ids)
+            x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(step)) * 4
+            res = s.sample(x.to(dtype)[plan.logits_order][:, start:end].contiguous(), plan)
+            steps.append((res.token_lists(), None if res.logprobs is None else res.logprobs.token_ids.tolist()))
+        out[name] = steps
+    return out, calls

@@ -179,38 +179,14 @@ WORKLOADS = {
     "min_p": dict(temperature=1.0, min_p=0.05),
     "top_k_top_p": dict(temperature=0.9, top_k=30, top_p=0.8),
 }
-VOCAB, ROWS = 1031, 4
+VOCAB = 1031
 
 
-def _tokens(group, names=tuple(WORKLOADS)):
+def _tokens(group):
     """Tokens of each workload (2 steps, bf16 logits) and how often each shard pass ran."""
-    import tpsample
-    from tpsample import SamplingParams
-    from tpsample.sampling.keys import _kernel_fns
-    passes = _kernel_fns().shard if group is not None else None
-    calls: dict = {}
-    for name in ("front", "top_values", "tie_counts", "gumbel_draw") if passes is not None else ():
-        def counted(*a, _f=getattr(passes, name), _n=name, **kw):
-            calls[_n] = calls.get(_n, 0) + 1
-            if _n == "front" and (kw.get("copy") if len(a) < 3 else a[2]) is not None:
-                calls["working_copies"] = calls.get("working_copies", 0) + 1
-            return _f(*a, **kw)
-        setattr(passes, name, counted)
-    out = {}
-    for name in names:
-        s = tpsample.Sampler(VOCAB, max_num_reqs=ROWS, strategy="vocab_parallel" if group else "replicated",
-                             group=group, seed=4)
-        start, end = tpsample.vocab_shard(VOCAB, s.tp_size, s.rank)
-        ids = [f"r{i}" for i in range(ROWS)]
-        for i, r in enumerate(ids):
-            s.add_request(r, SamplingParams(seed=50 + i, **WORKLOADS[name]), [1])
-        steps = []
-        for step in range(2):
-            plan = s.plan(ids)
-            x = torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(step)) * 4
-            steps.append(s.sample(x.bfloat16()[plan.logits_order][:, start:end].contiguous(), plan).token_lists())
-        out[name] = steps
-    return out, calls
+    from scenarios import shard_pass_run
+    return shard_pass_run(group, VOCAB, WORKLOADS, ("front", "top_values", "tie_counts", "gumbel_draw"),
+                          torch.bfloat16)
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="gloo ranks on CPU tensors: the interpreter's case")

@@ -100,41 +100,17 @@ def test_band_partials_refuse_a_sub_bin_count_that_is_not_a_power_of_two(band):
                            0, 40, 24)
 
 
-VOCAB, NROWS = 1031, 4
+VOCAB = 1031
 WORKLOADS = {"top_p": dict(temperature=1.0, top_p=0.9), "flat_top_p": dict(temperature=3.0, top_p=0.95),
              "top_p_logprobs": dict(temperature=0.7, top_p=0.8, logprobs=2)}
 
 
 def _tokens(group):
-    """Tokens (and the logprob rows' token ids: their values may differ in the interpreter's last
-    ulp of exp / log between TP = 1's kernels and the shard path) of each top-p workload over 2 steps, and how often the band kernels ran."""
-    import tpsample
-    from tpsample import SamplingParams
-    from tpsample.sampling.keys import _kernel_fns
-    passes = _kernel_fns().shard if group is not None else None
-    calls: dict = {}
-    for name in ("band_histogram", "band_partials") if passes is not None else ():
-        def counted(*a, _f=getattr(passes, name), _n=name, **kw):
-            calls[_n] = calls.get(_n, 0) + 1
-            return _f(*a, **kw)
-        setattr(passes, name, counted)
-    out = {}
-    for name, params in WORKLOADS.items():
-        s = tpsample.Sampler(VOCAB, max_num_reqs=NROWS, strategy="vocab_parallel" if group else "replicated",
-                             group=group, seed=4)
-        start, end = tpsample.vocab_shard(VOCAB, s.tp_size, s.rank)
-        ids = [f"r{i}" for i in range(NROWS)]
-        for i, r in enumerate(ids):
-            s.add_request(r, SamplingParams(seed=50 + i, **params), [1])
-        steps = []
-        for step in range(2):
-            plan = s.plan(ids)
-            x = torch.randn(NROWS, VOCAB, generator=torch.Generator().manual_seed(step)) * 4
-            res = s.sample(x[plan.logits_order][:, start:end].contiguous(), plan)
-            lp = res.logprobs
-            steps.append((res.token_lists(), None if lp is None else lp.token_ids.tolist()))
-        out[name] = steps
-    return out, calls
+    """Tokens and the logprob rows' token ids (their values may differ in the interpreter's last
+    ulp of exp / log between TP = 1's kernels and the shard path) of each top-p workload over 2
+    steps, and how often the band kernels ran."""
+    from scenarios import shard_pass_run
+    return shard_pass_run(group, VOCAB, WORKLOADS, ("band_histogram", "band_partials"))
 
 
 @pytest.mark.skipif(DEV == "cuda", reason="gloo ranks on CPU tensors: the interpreter's case")
