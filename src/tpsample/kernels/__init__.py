@@ -1,11 +1,12 @@
 """GPU kernels (Triton) for exact fused sampling, and what launches them.
 
-- `sample`: the sampling pipeline by pass (scan, select, hist, lists, bracket, rounds, finish;
-  the per-row state, the launch sequence) and the entry points `sample_rows`, `logprob_stats`,
-  `token_logprob_stats`, `shard_gumbel_argmax`;
+- `sample`: the sampling pipeline by pass (scan, sigma, select, hist, lists, bracket, rounds,
+  finish, kept; the per-row state, the launch sequence) and the entry points `sample_rows`,
+  `logprob_stats`, `token_logprob_stats`, `shard_gumbel_argmax`;
 - `stats`: the row statistics and logprob rows;
-- `shard` and `shard_summary`: vocab_parallel's passes over a rank's shard (the front's NaN counts, argmax and
-  working copy; the summary's top values and tie counts; the shard draw);
+- `shard`, `shard_summary`, `shard_band`: vocab_parallel's passes over a rank's shard (the
+  front's NaN counts, argmax and working copy; the summary's top values and tie counts; the
+  shard draw; the top-p band's histogram and partials);
 - `step_ops` (row parameters and keys, the front pass over the rows, the result block) and
   `history` (the history append and the penalties that read it): the per-step kernels;
 - `tlutil`: device helpers and the noise's Triton twin;
