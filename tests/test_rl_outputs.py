@@ -146,12 +146,79 @@ def test_the_kernels_give_raw_logits_themselves_bitwise_the_torch_backends(monke
     x = randn_logits(len(params), 1)
     x[2, :30] = -INF
     slow, mixed, alone = kernels_beside_torch(params, x)
-    assert slow == [3, 7, 11]                        # logprobs after the temperature stay torch's
+    assert slow == []                                # logprobs after the temperature included
     logits = [i for i, p in enumerate(params) if p.logprobs_mode == "raw_logits"]
     assert torch.equal(mixed.emitted, alone.emitted) and torch.equal(mixed.lp_ids, alone.lp_ids)
     assert torch.equal(mixed.lp_vals[logits], alone.lp_vals[logits])            # the values themselves
     assert torch.equal(mixed.lp_vals[logits, 0], x[logits].gather(1, mixed.emitted[logits, None])[:, 0])
     assert torch.allclose(mixed.lp_vals, alone.lp_vals, atol=1e-5) and torch.equal(mixed.lp_ranks, alone.lp_ranks)
+
+
+def _temperature_lp_params(n: int) -> list:
+    modes = ("temperature_logprobs", "raw_logprobs", "temperature_logprobs", "raw_logits")
+    return [SP(temperature=(0.0, 0.5, 1.3, 2.0, 0.7)[i % 5], top_k=(-1, 20)[i % 2], seed=i, logprobs=(0, 3, 5)[i % 3],
+               logprobs_mode=modes[i % 4]) for i in range(n)]
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_kernels_give_logprobs_after_the_temperature_themselves_bitwise_on_the_divided_row(monkeypatch):
+    """Rows asking for logprobs after the temperature stay on the kernels: the torch backend's
+    tokens, ids and ranks, and values bitwise the kernels' raw logprobs of the row fp32(x) / T
+    divided by torch (greedy rows: / 1). The log-sum-exp's last ulp is the only difference to the
+    torch backend's values (the kernels' exp sums blocks in fp32, as for raw logprobs)."""
+    from scenarios import kernels_beside_torch
+
+    from tpsample.kernels.sample import token_logprob_stats
+    from tpsample.sampling.logprobs import blank_unasked, finite_logprobs
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
+    params = _temperature_lp_params(15)
+    x = randn_logits(len(params), 1) * 2
+    x[2, :30] = -INF
+    slow, mixed, alone = kernels_beside_torch(params, x)
+    assert slow == []
+    assert torch.equal(mixed.emitted, alone.emitted) and torch.equal(mixed.lp_ids, alone.lp_ids)
+    assert torch.equal(mixed.lp_ranks, alone.lp_ranks)
+    assert torch.allclose(mixed.lp_vals, alone.lp_vals, atol=1e-5)
+    rows = [i for i, p in enumerate(params) if p.logprobs_mode == "temperature_logprobs"]
+    l = x[rows] / torch.tensor([params[i].temperature or 1.0 for i in rows]).unsqueeze(1)
+    lse, *_ = token_logprob_stats(l, None, 5, tokens=mixed.emitted[rows])
+    ids = mixed.lp_ids[rows]
+    want = finite_logprobs(ids, l.gather(1, ids.clamp(min=0)), lse)
+    want = blank_unasked((ids.clone(), want, None), torch.tensor([params[i].logprobs for i in rows]))[1]
+    assert torch.equal(mixed.lp_vals[rows], want)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_batch_without_logprobs_after_the_temperature_launches_what_it_did_and_one_with_them_divides(monkeypatch):
+    """The per-row divisor is a constexpr switch: a batch whose rows want raw logprobs or logits
+    only runs the stats and layout kernels without HAS_T; one row after the temperature turns it
+    on in both, with the same launches."""
+    from scenarios import kernels_beside_torch
+
+    from tpsample.kernels import launcher
+    launched = []
+    call = launcher.Launcher.__call__
+
+    def record(self, grid, *args, **constexprs):
+        if self.fn.__name__ in ("stats_kernel", "_raw_logprobs_kernel"):
+            launched.append((self.fn.__name__, constexprs.get("HAS_T")))
+        return call(self, grid, *args, **constexprs)
+
+    monkeypatch.setattr(launcher.Launcher, "__call__", record)
+    monkeypatch.setenv("TPSAMPLE_KERNELS_ON_CPU", "1")
+    x = randn_logits(4, 1)
+    params = [SP(temperature=0.8, seed=i, logprobs=2, logprobs_mode=("raw_logprobs", "raw_logits")[i % 2])
+              for i in range(4)]
+    kernels_beside_torch(params, x)
+    plain = list(launched)
+    launched.clear()
+    kernels_beside_torch(params[:3] + [SP(temperature=0.8, seed=3, logprobs=2, logprobs_mode="temperature_logprobs")],
+                         x)
+    assert plain == [("stats_kernel", False), ("_raw_logprobs_kernel", False)]
+    assert launched == [("stats_kernel", True), ("_raw_logprobs_kernel", True)]
 
 
 def _run(group, strategy: str) -> list:

@@ -215,9 +215,9 @@ def _partials(parts: int, np_: int, dev) -> tuple:
 
 
 @triton.jit
-def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset, lse_ptr, tv_ptr, ti_ptr, n, cnt_ptr,
-                         i64_ptr, i64_stride, slot_ptr, ids_out, vals_out, ranks_out, width,
-                         NUM_LP: tl.constexpr, PROCESSED: tl.constexpr, WP: tl.constexpr):
+def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset, t_ptr, lse_ptr, tv_ptr, ti_ptr, n,
+                         cnt_ptr, i64_ptr, i64_stride, slot_ptr, ids_out, vals_out, ranks_out, width,
+                         NUM_LP: tl.constexpr, PROCESSED: tl.constexpr, WP: tl.constexpr, HAS_T: tl.constexpr):
     row = tl.program_id(0)
     slot = tl.load(slot_ptr + row)
     nlp = tl.load(i64_ptr + NUM_LP * i64_stride + slot)
@@ -226,6 +226,9 @@ def _raw_logprobs_kernel(tok_ptr, tok_stride, x_ptr, x_stride, ncols, col_offset
     local = tl.minimum(tl.maximum(tok - col_offset, 0), ncols - 1)
     v = tl.load(x_ptr + row.to(tl.int64) * x_stride + local).to(tl.float32)
     v = tl.where(v != v, float("-inf"), v)
+    if HAS_T:       # the value the stats pass saw: / T (T == 0: none, as load_transformed)
+        t = tl.load(t_ptr + row)
+        v = div_t(v, tl.where(t == 0.0, 1.0, t))
     lse = tl.load(lse_ptr + row).to(tl.float64)
     j = tl.arange(0, WP)
     top = (j >= 1) & (j <= n)
@@ -247,12 +250,14 @@ _RAW_LP = Launcher(_raw_logprobs_kernel)
 
 
 def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table, slots, columns: dict, width: int,
-                 out=None):
+                 out=None, temperature=None):
     """Logprob rows from one stats pass: (ids [R, width] int64, logprobs [R, width] fp32, ranks [R])
     (new tensors, or written into `out`).
 
     Column 0 the sampled token, then the top-n; rows that want no raw logprobs (per the slot
-    tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py)."""
+    tables) and columns past a row's n are (-1, -inf); values never NaN (see logprobs.py).
+    temperature: the per-row divisor [R] fp32 the stats pass ran with (0: none), so the sampled
+    token's value is fp32(x) / T as the pass's top-n and count are; None: none for every row."""
     rows, n = top_v.shape
     dev = tokens.device
     if out is not None:
@@ -262,7 +267,8 @@ def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table
         vals = torch.empty((rows, width), dtype=torch.float32, device=dev)
         ranks = torch.empty(rows, dtype=torch.int64, device=dev)
     if rows:
-        _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, lse, top_v.contiguous(),
+        t = lse if temperature is None else temperature.to(dev, torch.float32).contiguous()
+        _RAW_LP((rows,), tokens, tokens.stride(0), x, x.stride(0), x.shape[1], col_offset, t, lse, top_v.contiguous(),
                 top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
-                WP=next_pow2(width), **columns)
+                WP=next_pow2(width), HAS_T=temperature is not None, **columns)
     return ids, vals, ranks

@@ -3,13 +3,15 @@
 
 Steps 2-5 (sparse processors) run in torch on an fp32 copy when a row uses them; steps 6-10 and
 the guard run in the kernels, which read the logits once per pass, upcast per block, and
-allocate only O(rows x bins) workspace; raw logprobs come from one statistics pass; top-n-sigma
+allocate only O(rows x bins) workspace; raw logprobs (and logits, and logprobs after the
+temperature: the same pass over fp32(x) / T) come from one statistics pass; top-n-sigma
 joins min-p's threshold inside them (one more pass, only for a batch that uses it); rows with XTC
 or a kept support take the kept pass once their thresholds are settled (one more kernel over
 those rows only: XTC's bound and redraw, each kept support's count and bounds), and a kept
 support's ids come from one top-n over those rows (`support.kept_ids`). Rows that verify drafts
-or want processed logprobs are drawn plainly here (the recipe replaces their results). Which code the kernels compile and run is decided from the batch's host-side
-parameters: no device read, no sync. The kernels implement the same thresholds and noise, so
+or want processed logprobs are drawn plainly here (the recipe replaces their results). Which
+code the kernels compile and run is decided from the batch's host-side parameters: no device
+read, no sync. The kernels implement the same thresholds and noise, so
 tokens equal the torch backend's.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from ..kernels.config import row_hints
 from ..kernels.gate import kernels_wanted
 from ..noise import SALT_DRAW, SALT_XTC, uniform01
-from ..state.columns import LP_LOGITS
+from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import HostRows, RowBatch
 from . import processors as P
 from .support import asked_supports, kept_ids
@@ -183,13 +185,31 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     """Logprobs of the raw row (after the grammar mask) for the rows that want them, from one
     streaming pass (log-sum-exp, top-n, the count above the sampled token) and one kernel that
     lays the rows out: no [rows, V] buffer. Rows asking for raw logits take lse 0 (their values
-    as they are, as `logprobs.row_logprobs` gives them)."""
+    as they are, as `logprobs.row_logprobs` gives them); rows asking for logprobs after the
+    temperature are the row fp32(x) / T in both kernels (`_lp_divisor`)."""
     k = _kernels()
     n = b.logprobs_max
+    div = _lp_divisor(b, l_raw.device)
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
-    lse, top_v, top_i, above = k.sample.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens)
+    lse, top_v, top_i, above = k.sample.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens,
+                                                            temperature=div)
     if b.host.lp_kind is not None and (b.host.lp_kind == LP_LOGITS).any():    # raw logits: the values themselves
         lse = torch.where(b.column("lp_kind").to(lse.device) == LP_LOGITS, torch.zeros_like(lse), lse)
     src = b.source
     return k.stats.raw_logprobs(tokens, l_raw, col_start, lse, top_v, top_i, above, src.i64_table, src.slots,
-                                   _kernel_columns(src.layout)[1], 1 + n)
+                                _kernel_columns(src.layout)[1], 1 + n, temperature=div)
+
+
+def _lp_divisor(b: RowBatch, dev):
+    """The per-row divisor [R] fp32 of the logprob passes: T for rows asking for logprobs after
+    the temperature, 0 (none; greedy rows too) for the others; None when no row asks, so those
+    batches compile and launch what they did (decided on the host, once per set of rows)."""
+    host = b.host
+    asks = host.memo.get("lp_temperature")
+    if asks is None:
+        asks = host.memo["lp_temperature"] = host.lp_kind is not None and bool(
+            ((host.lp_kind == LP_TEMPERATURE) & (host.num_logprobs >= 0)).any())
+    if not asks:
+        return None
+    t = b.temperature.to(dev, torch.float32)
+    return torch.where(b.column("lp_kind").to(dev) == LP_TEMPERATURE, t, torch.zeros_like(t)).contiguous()

@@ -11,8 +11,7 @@
 
 `sample_rows(rows)` chooses the backend that runs these steps and returns a `RowResult`:
 - `kernel_backend.KERNELS`: the fused Triton kernels, for full rows on a kernel device. Rows
-  the kernels do not finish (`_slow_rows`: drafts, processed logprobs, logprobs after the
-  temperature) are sampled
+  the kernels do not finish (`_slow_rows`: drafts, processed logprobs and logits) are sampled
   by the torch backend on a copy of just those rows, and their results replace the kernels' for
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
@@ -32,7 +31,6 @@ import numpy as np
 import torch
 
 from ..numerics import NEG_INF
-from ..state.columns import LP_TEMPERATURE
 from ..state.rows import RowBatch
 from .kernel_backend import KERNELS, kernels_apply
 from .logprobs import empty_logprobs, put_logprobs
@@ -114,15 +112,12 @@ def _backend(a: SampleArgs):
 
 
 def _slow_rows(host) -> np.ndarray:
-    """Rows the kernels do not finish: draft verification, processed logprobs, logprobs after
-    the temperature (found once per set of rows). Raw logits, XTC and kept supports they give."""
+    """Rows the kernels do not finish: draft verification, processed logprobs and logits (found
+    once per set of rows). Raw logits, logprobs after the temperature, XTC and kept supports
+    they give."""
     got = host.memo.get("slow")
     if got is None:
-        asks = host.num_logprobs >= 0
-        slow = host.has_draft | (asks & host.processed)
-        if host.lp_kind is not None:
-            slow |= asks & (host.lp_kind == LP_TEMPERATURE)
-        got = host.memo["slow"] = np.flatnonzero(slow)
+        got = host.memo["slow"] = np.flatnonzero(host.has_draft | ((host.num_logprobs >= 0) & host.processed))
     return got
 
 

@@ -130,13 +130,15 @@ def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset
     return mx, lse, tv, ti
 
 
-def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT, tokens=None):
-    """One pass over fp32(x) (NaN -> -inf) for the logprobs of sampled tokens whose raw values
-    [R] fp32 are `values` (or, with `tokens` [R] int64 global ids instead, the values the kernel
-    reads at those ids): (lse [R] fp32, top_vals [R, n], top_ids [R, n] global ids, count [R]
-    int64 of entries strictly greater than values, i.e. rank - 1)."""
+def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT, tokens=None,
+                        temperature=None):
+    """One pass over l = fp32(x) (NaN -> -inf; / T for rows with T != 0 when `temperature` [R] is
+    given) for the logprobs of sampled tokens whose values [R] fp32 are `values` (or, with
+    `tokens` [R] int64 global ids instead, the values of l at those ids): (lse [R] fp32, top_vals
+    [R, n], top_ids [R, n] global ids, count [R] int64 of entries strictly greater than values,
+    i.e. rank - 1)."""
     from ..stats import launch_stats
-    _, _, lse, tv, ti, cnt = launch_stats(x, None, None, values, n, True, col_offset, cfg, tokens=tokens)
+    _, _, lse, tv, ti, cnt = launch_stats(x, temperature, None, values, n, True, col_offset, cfg, tokens=tokens)
     return lse, tv, ti, cnt
 
 
