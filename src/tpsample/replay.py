@@ -1,7 +1,7 @@
 """Replaying a decode step instead of launching it again: CUDA graphs, launch lists, and when.
 
-A `Sampler.sample` call costs the host a few hundred microseconds of launches and Python; a
-replay about forty. Four ways, one policy:
+A replay issues the step's recorded device work without the host's launches and Python (a
+small fraction of an eager call's host cost). Four ways, one policy:
 
 - `CapturedStep` (`Sampler.capture(plan, logits)`): the step's device work (the Sampler's
   `_device_steps`: the strategy's before and after, the recipe, the history append) and the

@@ -314,17 +314,17 @@ class Sampler:
     def kernel_listed_rows(self) -> int:
         """Rows sampled by the kernels on this sampler's device so far (every sampler of the
         device counts here) whose top-p without top-k was settled from one list of columns (the
-        fast case: the entries above a bound guessed from the row's block maxima, about 3,000,
-        hold the kept set). Reads the device (not for hot paths)."""
+        fast case: the entries above a bound guessed from the row's block maxima hold the kept
+        set). Reads the device (not for hot paths)."""
         from .kernels.config import listed_counter
         return 0 if self.device is None else int(listed_counter(self.device).item())
 
     def kernel_lean_rows(self) -> int:
         """Rows sampled by the kernels on this sampler's device so far (every sampler of the
         device counts here) whose top-p without top-k the list did not settle (a flat row that
-        keeps more entries than the list holds) and that took the lean third pass: few entries
-        from the bracket up (at most 2 x KernelConfig.cap, less 1/16: 3,840 by default), listed by
-        one compare and resolved per row (rows keeping more entries take the collect pass).
+        keeps more entries than the list holds) and that took the lean third pass: the few entries
+        from the bracket up (at most about 2 x KernelConfig.cap), listed by one compare and
+        resolved per row (rows keeping more entries take the collect pass).
         Reads the device (not for hot paths)."""
         from .kernels.config import lean_counter
         return 0 if self.device is None else int(lean_counter(self.device).item())
