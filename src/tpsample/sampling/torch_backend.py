@@ -127,7 +127,8 @@ def front(a) -> Front:
     if guard_local is None:       # 12 falls back to the best grammar-allowed token
         guard_local = local_argmax(l, col_start)
     raw = _raw_logprob_rows(l, b)
-    P.apply_processors(l, b, col_start)                             # 3-5
+    if b.uses_processors:
+        P.apply_processors(l, b, col_start)                         # 3-5
     greedy_local = local_argmax(l, col_start) if b.uses_processors else guard_local    # 5: greedy rows end here
     return Front(l, copy, local_nans, guard_local, raw, greedy_local)
 
