@@ -14,7 +14,7 @@ from tpsample.kernels.config import KernelConfig
 from tpsample.numerics import row_chunks
 from tpsample.sampling import processors as P
 from tpsample.sampling.draw import local_argmax, local_gumbel_draw
-from tpsample.sampling.rounds.summary import _tie_counts
+from tpsample.sampling.rounds.rounds import _tie_counts
 from tpsample.sampling.thresholds import local_top_values
 
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from tpsample import noise  # noqa: E402
-from tpsample.state.history import History  # noqa: E402
+from tpsample.state.store import History  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.usefixtures("triton_interpreter")

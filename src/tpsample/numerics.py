@@ -18,6 +18,9 @@ import torch
 NEG_INF = float("-inf")
 ROW_CHUNK_ELEMS = 1 << 17         # bound on [rows, cols] temporaries on CPU (~3 MiB at 22 B each)
 ROW_CHUNK_ELEMS_CUDA = 1 << 20    # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
+# per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool),
+# int64 hashing intermediates
+CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16
 
 
 def row_chunks(num_rows: int, cols: int, device=None):
@@ -26,6 +29,15 @@ def row_chunks(num_rows: int, cols: int, device=None):
     step = max(1, limit // max(cols, 1))
     for s in range(0, num_rows, step):
         yield s, min(num_rows, s + step)
+
+
+def note_memory(meter, front) -> None:
+    """Count a step's working row (when a copy), raw-logprob rows and largest chunk temporaries
+    (`front`: the torch backend's `Front`) in the memory meter, if any."""
+    if meter is not None:
+        l, raw = front.l, front.raw
+        chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
+        meter.note((l.numel() * 4 if front.copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
 
 
 def next_pow2(n: int) -> int:

@@ -1,7 +1,7 @@
 """Replaying a decode step instead of launching it again: CUDA graphs, launch lists, and when.
 
-A `Sampler.sample` call costs the host a few hundred microseconds of launches and Python; a
-replay about forty. Four ways, one policy:
+A replay issues the step's recorded device work without the host's launches and Python (a
+small fraction of an eager call's host cost). Four ways, one policy:
 
 - `CapturedStep` (`Sampler.capture(plan, logits)`): the step's device work (the Sampler's
   `_device_steps`: the strategy's before and after, the recipe, the history append) and the
@@ -175,7 +175,7 @@ class _Recording:
         store.sync(dev, int(upper.max()) + reserve_tokens if plan.num_reqs else reserve_tokens)
         self.limit = store.history.capacity
         with store.history.full_width():
-            block, logprobs, *_ = sampler._device_steps(logits, plan, sampler._step_inputs(), append=False)
+            block, logprobs = sampler._device_steps(logits, plan, append=False)
         self._results = ReplayResults(block, plan.max_rows, logprobs)   # pinned: outside any graph
 
     def _finish(self) -> SamplerOutput:
@@ -206,7 +206,7 @@ class CapturedStep(_Recording):
 
     def _record(self) -> None:
         """The step the graph holds: sample, append to the history, copy the results out."""
-        block, logprobs, *_ = self.sampler._device_steps(self.logits, self.plan, self.sampler._step_inputs())
+        block, logprobs = self.sampler._device_steps(self.logits, self.plan)
         self._results.bind(block, logprobs)
         self._results.fill()
         self.block = block
@@ -229,8 +229,8 @@ class TapedStep(_Recording):
         self.key = buffer_key(logits)
         store = sampler.store
         with store.history.full_width():
-            (block, logprobs, *_), self._launches, self.refused = record_launches(
-                logits.device.type, [logits], lambda: sampler._device_steps(logits, plan, sampler._step_inputs()),
+            (block, logprobs), self._launches, self.refused = record_launches(
+                logits.device.type, [logits], lambda: sampler._device_steps(logits, plan),
                 views=True)
         if self.refused is not None:
             store.history.note_step(plan.slots, plan.rows_per_req)

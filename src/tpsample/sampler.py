@@ -226,11 +226,13 @@ class Sampler:
                 return out
         # 3. state: the device bound, every rank on this plan, the device tables current
         self._prepare_state(local_logits.device, plan)
-        # 4-7. the strategy's before, the sampling recipe, the strategy's after, the history append
+        # 4. the strategy's before (all-gather / all-to-all / the shard), 5. the sampling recipe
         sent, received, calls = self.comm.stats.bytes_sent, self.comm.stats.bytes_received, self.comm.stats.num_collectives
         step = self._step_inputs(draft_probs)
         base = self._start_profile(local_logits.device)
-        block, logprobs, exact_rows, support = self._device_steps(local_logits, plan, step)
+        res = sample_rows(plan.sharding.before(local_logits, plan, step))
+        # 6. the strategy's after (per-request results, identical on every rank), 7. the history append
+        block, logprobs, support = self._after(res, plan, step, local_logits.device)
         # 8. host bookkeeping, the step's stats and the output (its host copy is read on first use)
         self.store.history.note_step(plan.slots, plan.rows_per_req)
         stats = self.comm.stats
@@ -238,23 +240,27 @@ class Sampler:
         self.last_stats = StepStats(plan.strategy, stats.bytes_sent - sent, stats.bytes_received - received,
                                     stats.num_collectives - calls, int(peak),
                                     local_logits.numel() * local_logits.element_size(),
-                                    stats.num_collectives - calls, exact_rows)
+                                    stats.num_collectives - calls, res.exact_rows)
         return SamplerOutput(block, plan.max_rows, logprobs, support)
 
-    def _device_steps(self, logits: torch.Tensor, plan: SamplingPlan, step: Step, append: bool = True) -> tuple:
-        """Steps 4-7 of `sample` on the device: what a recorded step replays (`replay`), so an
-        eager call and a replay cannot drift apart. Returns (block, logprobs, exact_rows, kept
-        supports or None)."""
+    def _device_steps(self, logits: torch.Tensor, plan: SamplingPlan, append: bool = True) -> tuple:
+        """Steps 4-7 of `sample` (the device work): what a recording replays (`replay`).
+        Returns (block, logprobs)."""
+        step = self._step_inputs()
+        block, logprobs, _ = self._after(sample_rows(plan.sharding.before(logits, plan, step)), plan, step,
+                                         logits.device, append)
+        return block, logprobs
+
+    def _after(self, res, plan: SamplingPlan, step: Step, dev: torch.device, append: bool = True) -> tuple:
+        """Steps 6-7: (block, logprobs, kept supports or None) in batch order on every rank, the
+        emitted tokens appended to the device history (unless a warm-up step)."""
         strategy = plan.sharding
-        rows = strategy.before(logits, plan, step)          # 4. all-gather / all-to-all / the shard
-        res = sample_rows(rows)                              # 5. kernels, torch twin or vocab-parallel rounds
-        block, logprobs = strategy.after(res, plan, step)   # 6. per-request results, identical on every rank
+        block, logprobs = strategy.after(res, plan, step)
         support = strategy.kept_support(res, plan, step)
-        if append:                                           # 7. the emitted tokens into the device history
+        if append:
             m = plan.max_rows
-            self.store.append(device_copy(plan, "slots", plan.slots, logits.device), block[:, :m], block[:, m],
-                              self._append[1])
-        return block, logprobs, res.exact_rows, support
+            self.store.append(device_copy(plan, "slots", plan.slots, dev), block[:, :m], block[:, m], self._append[1])
+        return block, logprobs, support
 
     def _step_inputs(self, draft_probs: Optional[torch.Tensor] = None) -> Step:
         return Step(self.store, self.vocab_size, self.col_start, self.col_end, self.comm, draft_probs,
@@ -308,17 +314,17 @@ class Sampler:
     def kernel_listed_rows(self) -> int:
         """Rows sampled by the kernels on this sampler's device so far (every sampler of the
         device counts here) whose top-p without top-k was settled from one list of columns (the
-        fast case: the entries above a bound guessed from the row's block maxima, about 3,000,
-        hold the kept set). Reads the device (not for hot paths)."""
+        fast case: the entries above a bound guessed from the row's block maxima hold the kept
+        set). Reads the device (not for hot paths)."""
         from .kernels.config import listed_counter
         return 0 if self.device is None else int(listed_counter(self.device).item())
 
     def kernel_lean_rows(self) -> int:
         """Rows sampled by the kernels on this sampler's device so far (every sampler of the
         device counts here) whose top-p without top-k the list did not settle (a flat row that
-        keeps more entries than the list holds) and that took the lean third pass: few entries
-        from the bracket up (at most 2 x KernelConfig.cap, less 1/16: 3,840 by default), listed by
-        one compare and resolved per row (rows keeping more entries take the collect pass).
+        keeps more entries than the list holds) and that took the lean third pass: the few entries
+        from the bracket up (at most about 2 x KernelConfig.cap), listed by one compare and
+        resolved per row (rows keeping more entries take the collect pass).
         Reads the device (not for hot paths)."""
         from .kernels.config import lean_counter
         return 0 if self.device is None else int(lean_counter(self.device).item())

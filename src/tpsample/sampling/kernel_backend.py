@@ -101,7 +101,8 @@ class KernelSteps:
             st.nans, *st.guard = _kernels().step_ops.prep_rows_(l, a.col_start, a.bitmask)
             if b.lp_raw_rows is not None:
                 st.raw = l.clone() if b.uses_processors else l   # raw logprobs see the row before 3-5
-            P.apply_processors(l, b, a.col_start)
+            if b.uses_processors:
+                P.apply_processors(l, b, a.col_start)
             st.l = l
         return st
 

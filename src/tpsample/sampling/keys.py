@@ -1,5 +1,6 @@
-"""Row keys of the noise, on whatever device the rows live: one kernel launch on a GPU (the
-torch version is a chain of ~90 tiny integer ops), `tpsample.noise.row_keys` elsewhere."""
+"""Row keys of the noise, on whatever device the rows live: one kernel launch where kernels run
+(the torch version is a long chain of tiny integer ops), `tpsample.noise.row_keys` elsewhere; and
+whether the per-step kernels run on a device (`_kernel_ok`)."""
 from __future__ import annotations
 
 import functools

@@ -37,7 +37,8 @@ PROCESSORS = (AllowedIds(), LogitBias(), MinTokens(), BadWords(), Penalties(), D
 
 
 def apply_processors(l: torch.Tensor, b, col_start: int) -> None:
-    """Steps 3-5 on the rows that use each processor (`RowBatch.processors`)."""
+    """Steps 3-5 on the rows that use each processor (`RowBatch.processors`); callers skip the
+    call for a batch without any (`RowBatch.uses_processors`)."""
     for proc in PROCESSORS:
         rows = b.processors.get(proc.name)
         if rows is not None:

@@ -16,7 +16,7 @@
   them; a batch without such rows runs the kernels alone;
 - `rounds.ROUNDS`: vocab-parallel rounds on a shard (packed collectives), for split rows
   without XTC, other logprob values, a kept support or a top-p-only row verifying against a
-  draft distribution (`rounds.drafts.handles`);
+  draft distribution (`ShardRounds.takes`);
 - `torch_backend.TORCH`: torch ops on full rows or a shard (through the reducer): every other
   case, and the reference the other two are tested against.
 Every backend gives the same tokens for the same rows. Backends only run their steps and
@@ -35,7 +35,6 @@ from ..state.rows import RowBatch
 from .kernel_backend import KERNELS, kernels_apply
 from .logprobs import empty_logprobs, put_logprobs
 from .reducer import LocalRows
-from .rounds import drafts as rounds_drafts
 from .rounds.rounds import ROUNDS
 from .torch_backend import TORCH
 
@@ -106,7 +105,7 @@ def _backend(a: SampleArgs):
     full = isinstance(a.red, LocalRows)
     if full and kernels_apply(a.x):
         return None if len(_slow_rows(a.batch.host)) or a.draft_probs is not None else KERNELS
-    if not full and not a.batch.torch_only_any and rounds_drafts.handles(a.batch.host, a.draft_probs is not None):
+    if not full and ROUNDS.takes(a):
         return ROUNDS
     return TORCH
 

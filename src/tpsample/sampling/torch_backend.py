@@ -15,12 +15,11 @@ working buffer and ends up holding the processed rows).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from ..numerics import NEG_INF, ROW_CHUNK_ELEMS, row_chunks
+from ..numerics import NEG_INF, note_memory, row_chunks
 from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import RowBatch
 from . import processors as P
@@ -33,9 +32,6 @@ from .support import kept_support
 from .thresholds import min_p_threshold, top_k_threshold, top_p_threshold
 from .top_n_sigma import top_n_sigma_threshold
 from .xtc import xtc_upper_bound
-
-# per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool)
-CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16   # + int64 hashing intermediates
 
 
 class _Step:
@@ -102,8 +98,7 @@ class TorchSteps:
 TORCH = TorchSteps()
 
 
-@dataclass
-class Front:
+class Front(NamedTuple):
     """Steps 1-5 done: the working rows and the local partial results every pipeline needs."""
     l: torch.Tensor                         # [rows, cols] fp32 processed rows (steps 2-5)
     copy: bool                              # l is a copy of x
@@ -113,17 +108,14 @@ class Front:
     greedy: tuple                           # local (max, id) of the processed row
 
 
-def front(a, read_x: bool = False) -> Front:
-    """Steps 1-5 on the columns held (no communication). read_x (where the shard kernels run and
-    no step writes the row: the caller checks): l is x itself, NaNs left in place (every shard
-    pass reads them as -inf) and no working copy is made."""
+def front(a) -> Front:
+    """Steps 1-5 on the columns held (no communication)."""
     x, col_start, b, bitmask, inplace = a.x, a.col_start, a.batch, a.bitmask, a.inplace
     passes = shard_passes(x)
-    read_x = read_x and passes is not None
-    copy = not read_x and not (inplace and x.dtype == torch.float32)
-    if passes is not None:      # one read of x: the working row (unless read_x), its NaN counts and argmax
+    copy = not (inplace and x.dtype == torch.float32)
+    if passes is not None:      # one read of x: the working row, its NaN counts and argmax
         l = torch.empty(x.shape, dtype=torch.float32, device=x.device) if copy else x
-        local_nans, *best = passes.front(x, col_start, None if read_x else l)   # 1
+        local_nans, *best = passes.front(x, col_start, l)                # 1
         guard_local = tuple(best)
     else:
         l = x.to(torch.float32, copy=True) if copy else x                 # [rows, cols] working row
@@ -135,17 +127,10 @@ def front(a, read_x: bool = False) -> Front:
     if guard_local is None:       # 12 falls back to the best grammar-allowed token
         guard_local = local_argmax(l, col_start)
     raw = _raw_logprob_rows(l, b)
-    P.apply_processors(l, b, col_start)                             # 3-5
+    if b.uses_processors:
+        P.apply_processors(l, b, col_start)                         # 3-5
     greedy_local = local_argmax(l, col_start) if b.uses_processors else guard_local    # 5: greedy rows end here
     return Front(l, copy, local_nans, guard_local, raw, greedy_local)
-
-
-def note_memory(meter, f: Front) -> None:
-    """The working copy, raw-logprob rows and the largest chunk temporaries."""
-    if meter is not None:
-        l, raw = f.l, f.raw
-        chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
-        meter.note((l.numel() * 4 if f.copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
 
 
 def _thresholds(l: torch.Tensor, b: RowBatch, red) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 from ...noise import SALT_ACCEPT, SALT_RESIDUAL, uniform01
 from ...numerics import NEG_INF, kept_mask, row_chunks
 from ..draw import local_gumbel_draw
-from .packing import Packet, best_part, take
+from ..reducer import Packet, best_part, take
 
 
 def handles(host, has_probs: bool) -> bool:

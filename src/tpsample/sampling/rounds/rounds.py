@@ -3,38 +3,164 @@ recipe (`sampling/recipe.py`).
 
 `ROUNDS`' steps give the same results as the torch backend on the full rows (the same
 thresholds, noise and tie rules), but talk in a fixed number of rounds, each one `red.gather`
-of a packed buffer:
+of a packed buffer (`reducer.Packet`):
 1. summary (only when some row uses top-k, min-p, top-p or top-n-sigma, or a sampled row
-   verifies against a draft distribution): per part its top
-   values, tie counts, for top-p rows without top-k a mass histogram (summary.py, topp_band.py)
-   and for top-n-sigma rows its integer sums (after one max all-reduce of the rows' ends). Every
-   rank then derives the same thresholds and draws its columns locally.
+   verifies against a draft distribution): per part its C = k_max + 1 largest values (C = 1
+   without top-k), with top-k + top-p rows its tie counts beyond the C sent, for top-p rows
+   without top-k (band rows) a mass histogram (topp_band.py), for top-n-sigma rows its integer
+   sums (after one max all-reduce of the rows' ends). Every rank then derives the same
+   thresholds (steps 7-9) and draws its columns locally:
+   - the row max M (the union's largest value); min-p: M + log(min_p); top-n-sigma: M - n sigma;
+   - top-k: the k-th largest of the union. Each part's top-k is inside its top-(k + 1), so the
+     union holds the global top-k: exact, no second round;
+   - top-p with top-k: every kept token is in the union except tokens tied with a part's C-th
+     value when thr equals it; those are counted (the tie counts) and enter the walk as one
+     entry of count x e(thr), so v* is exact from the summary alone.
 2. winners: per part its guard / greedy / drawn (value, id) pairs, NaN counts, the winners'
    logprob-row values, the band rows' exact partials (topp_band.py) and the draft rows'
    statistics (drafts.py).
 3. the residual draw, when a sampled row verifies against a draft distribution (drafts.py).
 4. logprobs, when a row wants them (split_logprobs.py).
 Greedy and temperature-only batches need round 2 only. A band row that round 2 cannot decide
-(rare; `ROUNDS_EXACT` sends every band row there, for tests) takes the exact path: a radix search for v*
-(4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of the
-step, and happens only when the batch has band rows. No other round depends on the data.
-Deterministic drafts are settled from the winners alone (drafts.py).
+(`ROUNDS_EXACT` sends every band row there, for tests) takes the exact path: a radix search for
+v* (4 sums) and a re-draw (1 gather); deciding whether any row needs it is the one host read of
+the step, and happens only when the batch has band rows. Which rows need what is decided from
+host-side parameters only (`RowNeeds`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ...numerics import NEG_INF, mass_shift, row_chunks
+from ...numerics import (
+    NEG_INF,
+    fixed_point_masses,
+    kept_mask,
+    mass_shift,
+    note_memory,
+    row_chunks,
+    temperature_divisor,
+)
 from .. import processors as P
 from .. import top_n_sigma
 from ..draw import emitted_tokens, local_gumbel_draw
 from ..keys import shard_passes
-from ..thresholds import _radix_search
-from ..torch_backend import front, note_memory
-from . import drafts, summary, topp_band, topp_band_lp
-from .packing import Packet, best_part, take
+from ..reducer import Packet, best_part, take
+from ..thresholds import _radix_search, local_top_values, masses, threshold_from_sorted
+from ..torch_backend import Front, front
+from . import drafts, topp_band, topp_band_lp
 from .split_logprobs import LpRows, logprob_round
+
+
+@dataclass(frozen=True)
+class RowNeeds:
+    """Host-side decisions for one batch (numpy, from the rows' parameters)."""
+    k_max: int                 # largest top-k (0: none)
+    num_top: int               # values per part in the summary (C)
+    min_p: bool                # some row uses min-p
+    ties: bool                 # some row uses top-k and top-p: send tie counts
+    band: np.ndarray           # rows with top-p and no top-k: the band method
+    summary: bool              # round 1 runs
+    sigma: bool = False        # some row uses top-n-sigma: its integer sums travel in round 1
+
+    @staticmethod
+    def of(b, row_max: bool = False) -> "RowNeeds":
+        """row_max: round 1 runs for sampled rows even without filters (their max is wanted)."""
+        h = b.host
+        sampled = h.temperature > 0
+        top_p = sampled & (h.top_p < 1)
+        topk_p = np.flatnonzero(top_p & (h.top_k > 0))
+        band = np.flatnonzero(top_p & (h.top_k <= 0))
+        k_max = int(h.top_k.max()) if b.num_rows else 0
+        min_p = bool((sampled & (h.min_p > 0)).any())
+        sigma = bool(h.uses("top_n_sigma").any())
+        need = bool(sampled.any()) and (k_max > 0 or min_p or len(band) > 0 or sigma or row_max)
+        return RowNeeds(k_max, k_max + 1 if k_max > 0 else 1, min_p, len(topk_p) > 0, band, need, sigma)
+
+
+def add_local(packet, l: torch.Tensor, needs: RowNeeds, band_rows, sigma_ends=None, vocab_size: int = 0,
+              temperature=None) -> dict:
+    """Queue this part's summary; returns the packet's field indices by name. sigma_ends: the
+    rows' `top_n_sigma.Ends` when some row uses top-n-sigma (its local sums join the round).
+    temperature: l is the input row, step 6 still to apply (no band or top-n-sigma rows then)."""
+    top = local_top_values(l, needs.num_top, temperature=temperature)      # [rows, C] descending
+    fields = {"top": packet.add(top)}
+    if sigma_ends is not None:
+        fields["sigma"] = packet.add(top_n_sigma.local_sums(l, sigma_ends, vocab_size))
+    if needs.ties:
+        fields["ties"] = packet.add(_tie_counts(l, top[:, -1], needs.num_top, temperature))
+    if band_rows is not None:
+        fields["hist"] = packet.add(topp_band.local_histogram(l, band_rows))
+    return fields
+
+
+def _tie_counts(l: torch.Tensor, last: torch.Tensor, c: int, temperature=None) -> torch.Tensor:
+    """Per row: local values equal to `last` (the C-th largest) beyond the C sent (of l / T when
+    temperature is given)."""
+    if (passes := shard_passes(l)) is not None:
+        return passes.tie_counts(l, last, c, temperature)
+    div = None if temperature is None else temperature_divisor(temperature, l.device).unsqueeze(1)
+    ge = torch.zeros(l.shape[0], dtype=torch.int64, device=l.device)
+    for s, t in row_chunks(l.shape[0], l.shape[1], l.device):
+        x = l[s:t] if div is None else l[s:t] / div[s:t]
+        ge[s:t] = (x >= last[s:t].unsqueeze(1)).sum(dim=1)
+    return torch.where(last > NEG_INF, ge - c, torch.zeros_like(ge)).clamp_(min=0)
+
+
+@dataclass
+class Thresholds:
+    thr: torch.Tensor                  # [rows] fp32, exact for every row but band rows (min-p only there)
+    row_max: torch.Tensor              # [rows] fp32
+    bracket: topp_band.Bracket | None  # band rows
+
+
+def derive(got: list, fields: dict, b, needs: RowNeeds, band_rows, sigma_ends=None) -> Thresholds:
+    """The thresholds from the gathered summaries (identical on every rank)."""
+    top = got[fields["top"]]                                    # [P, rows, C]
+    parts, rows, c = top.shape
+    vals = torch.sort(top.permute(1, 0, 2).reshape(rows, parts * c), dim=1, descending=True).values
+    row_max = vals[:, 0]
+    dev = vals.device
+    thr = torch.full((rows,), NEG_INF, device=dev)
+    if needs.k_max > 0:
+        k = b.top_k.to(dev)
+        kth = vals.gather(1, (k - 1).clamp(min=0, max=vals.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        thr = torch.maximum(thr, torch.where(k > 0, kth, torch.full_like(kth, NEG_INF)))
+    if needs.min_p:
+        thr = torch.maximum(thr, row_max + torch.log(b.min_p.to(dev)))
+    if sigma_ends is not None:
+        sums = got[fields["sigma"]].sum(dim=0)                  # [rows, 3] int64: exact
+        thr = torch.maximum(thr, top_n_sigma.threshold(sigma_ends, sums, b.top_n_sigma.to(dev)))
+    if needs.ties:        # every row (a few values each), kept where top-k and top-p apply: no index upload
+        last = top[:, :, -1]                                    # [P, rows]
+        bound = last.amax(dim=0)
+        missing = torch.where(last == bound, got[fields["ties"]], torch.zeros_like(got[fields["ties"]])).sum(dim=0)
+        top_p = b.top_p.to(dev)
+        v_star = _topp_from_union(vals, thr, top_p, bound, missing, mass_shift(b.vocab_size))
+        use = (b.top_k.to(dev) > 0) & (top_p < 1) & (b.temperature.to(dev) > 0)
+        thr = torch.where(use, torch.maximum(v_star, thr), thr)
+    br = None
+    if band_rows is not None:
+        br = topp_band.bracket(top[:, band_rows, 0], got[fields["hist"]], thr[band_rows],
+                               b.top_p.to(dev)[band_rows], mass_shift(b.vocab_size), b.vocab_size)
+    return Thresholds(thr, row_max, br)
+
+
+def _topp_from_union(vals, thr, top_p, bound, missing, shift) -> torch.Tensor:
+    """v* from a union holding every kept token, plus `missing` unseen ties at the value thr."""
+    m = vals[:, 0]
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = masses(vals, thr, m_safe, shift)
+    tie = (missing > 0) & (thr == bound) & torch.isfinite(thr)
+    tie_e = fixed_point_masses(thr.unsqueeze(1), m_safe, shift).squeeze(1) * missing
+    vals = torch.cat([vals, torch.where(tie, thr, torch.full_like(thr, NEG_INF)).unsqueeze(1)], dim=1)
+    e = torch.cat([e, torch.where(tie, tie_e, torch.zeros_like(tie_e)).unsqueeze(1)], dim=1)
+    target = top_p.to(torch.float64) * e.sum(dim=1).to(torch.float64)
+    kept_vals = vals.masked_fill(~kept_mask(vals, thr), NEG_INF)
+    v_star, _ = threshold_from_sorted(kept_vals, e, target, torch.full_like(m, NEG_INF))
+    return v_star
 
 
 class _Step:
@@ -45,11 +171,11 @@ class _Step:
     def __init__(self, a):
         b, dev = a.batch, a.x.device
         self.a = a
-        self.dr = drafts.DraftRows.of(a)                          # rows verifying against a distribution
-        self.needs = summary.RowNeeds.of(b, row_max=self.dr is not None)
+        self.dr = drafts.DraftRows.of(a) if a.draft_probs is not None else None   # rows verifying against q
+        self.needs = RowNeeds.of(b, row_max=self.dr is not None)
         self.band = torch.from_numpy(self.needs.band).to(dev, non_blocking=True) if len(self.needs.band) else None
         self.read_x = _reads_x(a, self.needs)                     # no working copy: step 6 on the fly
-        self.f = front(a, read_x=self.read_x)                     # 1-5
+        self.f = None                                             # 1-5 (ShardRounds.front)
         self.th = None                                            # round 1's thresholds, when it runs
         self.thr = torch.full((b.num_rows,), NEG_INF, device=dev)
         self.lp = self.drawn = self.w = self.band_lp = None
@@ -62,8 +188,23 @@ class ShardRounds:
     def __init__(self, force_exact: bool):
         self.force_exact = force_exact
 
+    @staticmethod
+    def takes(a) -> bool:
+        """Whether the rounds sample these split rows: no row uses what only the torch backend
+        computes on a shard, and every row verifying against a draft distribution has its kept
+        set after round 1 (`drafts.handles`)."""
+        return not a.batch.torch_only_any and (a.draft_probs is None or drafts.handles(a.batch.host, True))
+
     def front(self, a) -> _Step:
-        return _Step(a)                                                       # 1-5
+        """1-5. Where `_reads_x` holds, one shard kernel pass gives the NaN counts and the raw
+        argmax (the guard's and, with no processor, the greedy rows' pair): the row is x itself."""
+        st = _Step(a)
+        if st.read_x:
+            nans, *best = shard_passes(a.x).front(a.x, a.col_start, None)
+            st.f = Front(a.x, False, nans, tuple(best), None, tuple(best))
+        else:
+            st.f = front(a)
+        return st
 
     def draw(self, st: _Step) -> None:
         """6-10; the processed-logprob rows are masked here, before the draw's gather carries
@@ -77,8 +218,8 @@ class ShardRounds:
             if st.needs.summary:                                              # round 1: 7-9
                 ends = top_n_sigma.row_ends(l, a.red, b.vocab_size) if st.needs.sigma else None   # (+1 round)
                 packet = Packet()
-                fields = summary.add_local(packet, l, st.needs, st.band, ends, b.vocab_size, t)
-                st.th = summary.derive(packet.gather(a.red), fields, b, st.needs, st.band, ends)
+                fields = add_local(packet, l, st.needs, st.band, ends, b.vocab_size, t)
+                st.th = derive(packet.gather(a.red), fields, b, st.needs, st.band, ends)
                 st.thr = st.th.thr
         if b.lp_proc_rows is not None:              # processed logprob rows: after step 9
             _mask_rows(l, b.lp_proc_rows, st.thr)
@@ -125,7 +266,7 @@ class ShardRounds:
 ROUNDS, ROUNDS_EXACT = ShardRounds(False), ShardRounds(True)
 
 
-def _reads_x(a, needs: summary.RowNeeds) -> bool:
+def _reads_x(a, needs: RowNeeds) -> bool:
     """Whether the step's passes may read the input shard itself, with no fp32 working copy: the
     shard kernels run on it (they read its dtype, take NaN as -inf and divide by T on the fly)
     and no step writes the row (no grammar mask, processor, logprobs, drafts, XTC, top-n-sigma

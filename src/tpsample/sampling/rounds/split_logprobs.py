@@ -14,8 +14,8 @@ import torch
 
 from ...numerics import NEG_INF
 from ..logprobs import blank_unasked, empty_logprobs, finite_logprobs, local_top_n, put_logprobs, sort_value_desc_id_asc
+from ..reducer import Packet
 from . import topp_band_lp
-from .packing import Packet
 
 
 class LpRows:

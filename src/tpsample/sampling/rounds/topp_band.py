@@ -37,6 +37,7 @@ import torch
 from ...noise import SALT_DRAW, gumbel_noise
 from ...numerics import NEG_INF, fixed_point_masses, kept_mask, row_chunks
 from ..keys import row_keys, shard_passes
+from ..reducer import best_part, take
 
 BIN_SCALE = 8.0          # bins of 1/8 nat on the grid floor(8 x) (a power of two: exact)
 NUM_BINS = 128           # 16 nats below a part's max; a crossing further down takes the exact path
@@ -239,7 +240,6 @@ class BandResult:
 def resolve(parts: dict, certain: tuple, top_p: torch.Tensor, ok: torch.Tensor) -> BandResult:
     """After round 2 (identical on every rank). parts: the gathered `local_partials` fields
     [P, n, ...]; certain: (score, id, lp) of the draw over tokens >= b (already row-wide)."""
-    from .packing import best_part, take
     total = parts["total"].sum(dim=0)
     cum = torch.cat([parts["above"].sum(dim=0).unsqueeze(1), parts["mass"].sum(dim=0)], dim=1).cumsum(dim=1)
     target = top_p.to(torch.float64) * total.to(torch.float64)
