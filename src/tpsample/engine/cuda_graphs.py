@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tpsample.model import AttentionMetadata, CausalLM, PagedMetadata
-from tpsample.model.attention_kernels import num_decode_splits
+from tpsample.model.kernels import num_decode_splits
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

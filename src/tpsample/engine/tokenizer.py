@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from tpsample.model.config_fields import read_json_object
+from tpsample.model.config import read_json_object
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -2,7 +2,7 @@
 
 Two paths, one contract (`PagedAttention.forward`):
 - kernel path (`meta.paged` set; the engine's GPU path): Triton kernels of
-  `tpsample.model.attention_kernels` read K/V pages straight from the cache; split-KV decode when every
+  `tpsample.model.kernels` read K/V pages straight from the cache; split-KV decode when every
   sequence has one query, a tiled causal kernel otherwise. GQA reads each K/V head once per group.
 - torch path (`meta.groups`; the CPU path and the reference the kernels are tested against):
   gather each sequence's context through its block table, SDPA with a causal-by-position mask.
@@ -102,7 +102,7 @@ def build_paged_metadata(query_lens, seq_lens, block_tables: np.ndarray, slots: 
                          max_seq_len: int, device, *, decode: bool = False, num_kv_heads: int = 1) -> AttentionMetadata:
     """Kernel-path metadata for an eager step. decode: every sequence has exactly one query (then
     the split-KV decode kernel runs). slots: [T] cache slot of each new token (`slot_mapping_np`)."""
-    from tpsample.model.attention_kernels import num_decode_splits, prefill_tiles
+    from tpsample.model.kernels import num_decode_splits, prefill_tiles
 
     def dev(a, dtype=torch.int32) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
@@ -188,7 +188,7 @@ class PagedAttention(nn.Module):
         return out.reshape(q.shape[0], -1)
 
     def _kernels(self, q: torch.Tensor, paged: PagedMetadata) -> torch.Tensor:
-        from tpsample.model.attention_kernels import paged_decode, paged_prefill
+        from tpsample.model.kernels import paged_decode, paged_prefill
 
         k_cache, v_cache = self.kv_cache
         if paged.cu_query_lens is None:
