@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from tpsample.engine.report import RunStats
-from tpsample.engine.request import GuidedDecoding, Request, RequestTimings, TokenLogprob
+from tpsample.engine.request import GuidedDecoding, Request, RequestTimings, RunStats, TokenLogprob
 from tpsample.engine.structured import COMPILE_TIMEOUT_S, GrammarWaits
 
 PARKED_POLL_S = 0.005           # how often an otherwise idle loop looks at the grammars compiling

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import time
 
-from tpsample.engine.report import EngineInfo, RunStats
-from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob, TokenSupport
+from tpsample.engine.request import EngineInfo, GuidedDecoding, Request, RunStats, TokenLogprob, TokenSupport
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.scheduler import Scheduler
 from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel, StepInput

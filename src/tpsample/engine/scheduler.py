@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from tpsample.engine.block_manager import BlockManager
+from tpsample.engine.blocks import BlockManager
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.ngram import NgramProposer
 from tpsample.engine.request import Request, Status, TokenLogprob

@@ -2,7 +2,7 @@
 
 A step is a diff against what every rank already holds: requests joining and leaving, the KV
 pages each scheduled sequence gained since it last ran, and the tokens fed this step. Block
-tables are never resent whole; each rank keeps them (`engine.block_table.BlockTables`). The
+tables are never resent whole; each rank keeps them (`engine.blocks.BlockTables`). The
 grammar bitmask, the one large per-step tensor, travels as a tensor broadcast over the control
 group right after the pickled header, never inside the pickle.
 """
