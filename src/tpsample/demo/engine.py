@@ -75,10 +75,11 @@ def run_demo(*, model: str | None = None, tp_sizes: list[int] | None = None, dev
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tpsample.engine.default_model import quiet_transformers, resolve_model
+    from tpsample.engine.default_model import resolve_model
+    from tpsample.term import quiet_third_party
 
     console = console or Console()
-    quiet_transformers()
+    quiet_third_party()
     folder, what = resolve_model(model, console)
     sizes = tp_sizes or demo_tp_sizes(folder)
     for tp in sizes:

@@ -165,12 +165,6 @@ class Request:
         return RequestTimings(queued_s=scheduled - self.arrival_s, prefill_s=first - scheduled,
                               decode_s=last - first, inference_s=last - scheduled)
 
-    def to_output(self) -> RequestOutput:
-        return RequestOutput(self.req_id, list(self.prompt_token_ids), list(self.output_token_ids),
-                             self.finish_reason, self.logprobs, stop_reason=self.stop_reason,
-                             num_nan_logits=self.num_nan_logits, prompt_logprobs=self.prompt_logprobs,
-                             kept_support=self.kept_support)
-
 
 @dataclass(frozen=True)
 class EngineInfo:
