@@ -85,18 +85,15 @@ def init_groups(backend: str, *, rank: int | None = None, world_size: int | None
     return tp_group, control
 
 
-def build_rank(cfg: EngineConfig, *, tp_group, control_group, device: torch.device):
-    """(runner, channel, per-rank sampler peaks) for this rank; a collective on every rank."""
+def build_rank(cfg: EngineConfig, *, tp_group, control_group, device: torch.device, rank0: bool):
+    """(runner, step channel, engine) of this rank, the engine (scheduler, grammars, stop tokens)
+    on rank 0 only, else None; a collective on every rank."""
     runner = ModelRunner(cfg, process_group=tp_group, device=device)
-    peaks = runner.sampler_peaks()
-    return runner, StepChannel(control_group), peaks
-
-
-def build_engine(runner: ModelRunner, channel: StepChannel, peaks: list[int]) -> Engine:
-    """Rank 0's engine: the runner plus scheduler, grammars and stop tokens."""
-    cfg = runner.cfg
-    return Engine(runner, channel, grammar=make_grammar_backend(cfg.model, runner.vocab_size),
-                  eos_token_ids=generation_eos_ids(cfg.model), sampler_peaks=peaks)
+    peaks, channel = runner.sampler_peaks(), StepChannel(control_group)
+    if not rank0:
+        return runner, channel, None
+    return runner, channel, Engine(runner, channel, grammar=make_grammar_backend(cfg.model, runner.vocab_size),
+                                   eos_token_ids=generation_eos_ids(cfg.model), sampler_peaks=peaks)
 
 
 def under_torchrun() -> bool:
@@ -106,8 +103,7 @@ def under_torchrun() -> bool:
 class InProcessBackend:
     def __init__(self, cfg: EngineConfig):
         device = rank_device(resolve_device(cfg), 0)
-        runner, channel, peaks = build_rank(cfg, tp_group=None, control_group=None, device=device)
-        self.engine = build_engine(runner, channel, peaks)
+        _, _, self.engine = build_rank(cfg, tp_group=None, control_group=None, device=device, rank0=True)
         self.info = self.engine.info
         self._client = LocalClient(self.engine)
 
@@ -132,8 +128,8 @@ class SpmdBackend:
                              f"world size {dist.get_world_size()}")
         self.rank = dist.get_rank()
         device = rank_device(kind, int(os.environ.get("LOCAL_RANK", "0")))
-        self.runner, self.channel, peaks = build_rank(cfg, tp_group=tp_group, control_group=control, device=device)
-        self.engine = build_engine(self.runner, self.channel, peaks) if self.rank == 0 else None
+        self.runner, self.channel, self.engine = build_rank(cfg, tp_group=tp_group, control_group=control,
+                                                            device=device, rank0=self.rank == 0)
         info = [self.engine.info if self.engine else None]
         dist.broadcast_object_list(info, src=0, group=control)
         self.info = info[0]
@@ -195,15 +191,14 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         tp_group, control = init_groups("nccl" if kind == "cuda" else "gloo", rank=rank, world_size=world,
                                         init_method=f"tcp://127.0.0.1:{port}", timeout_s=cfg.startup_timeout_s)
-        runner, channel, peaks = build_rank(cfg, tp_group=tp_group, control_group=control,
-                                            device=rank_device(kind, rank))
-        if rank != 0:
+        runner, channel, engine = build_rank(cfg, tp_group=tp_group, control_group=control,
+                                             device=rank_device(kind, rank), rank0=rank == 0)
+        if engine is None:
             conn.send(("ready", None))
             follow(runner, channel)
         else:
-            engine = build_engine(runner, channel, peaks)
             conn.send(("ready", engine.info))
-            _serve(engine, conn)
+            serve_core(engine, conn)
         dist.destroy_process_group()
     except BaseException as exc:
         try:       # a ValueError is the user's to read: its one line, not a traceback
@@ -211,14 +206,6 @@ def _worker(rank: int, cfg: EngineConfig, port: int, kind: str, conn) -> None:
             conn.send(("fatal", " ".join(str(exc).split()) if usage else traceback.format_exc(), usage))
         finally:
             sys.exit(1)
-
-
-def _serve(engine, conn) -> None:
-    cmd = conn.recv()
-    if cmd[0] == "shutdown":
-        engine.shutdown()
-    else:
-        serve_core(engine, conn, cmd[1])
 
 
 class MultiprocBackend:

@@ -69,7 +69,7 @@ class ModelRunner:
             max_num_logits_per_req=1 + cfg.num_speculative_tokens, strategy=cfg.strategy,
             group=process_group, device=self.device, max_logprobs=cfg.max_logprobs,
             eos_token_id=eos[0] if eos and eos[0] < self.vocab_size else None,
-            auto_graph=False)      # measured: the decode graph's device time hides the eager sampler's host work
+            auto_graph=False)      # the decode graph's device time hides the eager sampler's host work
         wanted_len = cfg.max_model_len or self.model_config.max_position_embeddings
         self.memory: MemoryProfile = size_kv(self.model, self.sampler, cfg, self.group, self.dtype,
                                              self.device, wanted_len, use_kernels=self.use_kernels)
@@ -192,6 +192,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
         sizes.append(b)
         b *= 2
     return sizes + [max_num_seqs]
+
 
 class DecodeGraphs:
     """Decode steps (one new token per sequence, no drafts) replayed from CUDA graphs.
