@@ -78,10 +78,7 @@ class _Header:
 
 
 class StepChannel:
-    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1.
-
-    A step goes as a pickled header (the diff) plus, when it has one, the bitmask as a tensor
-    broadcast; other messages go pickled."""
+    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1."""
 
     def __init__(self, group=None):
         self.group = group

@@ -73,7 +73,6 @@ class GrammarBackend:
         return self._compiler
 
     def compile(self, guided: GuidedDecoding):
-        """The compiled grammar; raises ValueError for a schema/regex/grammar xgrammar rejects."""
         key = guided.key()
         with self._lock:
             if key in self._cache:
@@ -111,7 +110,6 @@ class GrammarBackend:
             return guided.key() in self._cache
 
     def start(self, guided: GuidedDecoding) -> Future:
-        """A Future of the compiled grammar, compiling in a worker thread (shared by equal grammars)."""
         key = guided.key()
         with self._lock:
             job, waiters = self._jobs.get(key, (None, 0))
@@ -125,7 +123,6 @@ class GrammarBackend:
         return job
 
     def release(self, guided: GuidedDecoding) -> None:
-        """One waiter of `start(guided)` is done with it; the last one cancels a job not yet started."""
         key = guided.key()
         with self._lock:
             job, waiters = self._jobs.get(key, (None, 0))
