@@ -232,3 +232,20 @@ def unpack_bitmask(mask_row: torch.Tensor, vocab: int) -> list[bool]:
     for t in range(vocab):
         bits.append(bool((int(mask_row[t // 32]) >> (t % 32)) & 1))
     return bits
+
+
+def propose_ngram(tokens: list[int], *, k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k prompt-lookup drafts (possibly none) continuing `tokens`: the tokens that followed the
+    latest earlier occurrence of the last n tokens, n from max_n down to min_n (`NgramProposer`)."""
+    if k <= 0:
+        return []
+    total = len(tokens)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = tokens[total - n:]
+        # latest match first: the most recent context predicts best
+        for start in range(total - n - 1, -1, -1):
+            if tokens[start:start + n] == suffix:
+                follow = tokens[start + n:start + n + k]
+                if follow:
+                    return follow
+    return []

@@ -115,7 +115,7 @@ def test_paged_kernels_in_bf16_stay_within_bf16_rounding_of_the_fp32_torch_path(
 
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
 def test_split_kv_decode_gives_the_same_output_for_any_split_count(device, num_splits):
-    from tpsample.model.attention_kernels import paged_decode
+    from tpsample.model.kernels import paged_decode
 
     gen = torch.Generator().manual_seed(3)
     k_cache, v_cache = _cache(64, 2, 16, torch.float32, gen)
@@ -131,8 +131,8 @@ def test_split_kv_decode_gives_the_same_output_for_any_split_count(device, num_s
 
 def test_fused_norm_activation_and_rope_store_equal_the_torch_layers(device):
     from tpsample.model.config import RopeConfig
-    from tpsample.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul
-    from tpsample.model.ops_kernels import rms_norm, rope_store, silu_mul
+    from tpsample.model.kernels import rms_norm, rope_store, silu_mul
+    from tpsample.model.llama import RMSNorm, RotaryEmbedding, SiluAndMul
 
     gen = torch.Generator().manual_seed(1)
     x, res = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import random
 
+from reference import propose_ngram
+
 from tpsample import SamplingParams
-from tpsample.engine.block_manager import BlockManager
-from tpsample.engine.block_table import BlockTables
+from tpsample.engine.blocks import BlockManager, BlockTables
 from tpsample.engine.config import EngineConfig, NgramConfig
-from tpsample.engine.ngram import NgramProposer, propose_ngram
+from tpsample.engine.ngram import NgramProposer
 from tpsample.engine.request import Request
 from tpsample.engine.scheduler import Scheduler
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tpsample import SamplingParams
 from tpsample.engine import GuidedDecoding
 from tpsample.engine.core import Abort, AddRequests, NewRequest, TokenUpdate
-from tpsample.engine.detokenizer import IncrementalDetokenizer
+from tpsample.engine.frontend import IncrementalDetokenizer
 from tpsample.llm import LLM
 from tpsample.testing.toy import make_byte_tokenizer, make_chat_checkpoint, make_random_checkpoint
 

@@ -25,7 +25,7 @@ def test_cpu_kernels_need_both_switches(monkeypatch, env, want):
 def test_every_kernel_path_asks_the_one_gate(monkeypatch):
     from tpsample.engine import runner
     from tpsample.kernels import gate as config
-    from tpsample.model import layers
+    from tpsample.model import llama as layers
     from tpsample.sampling import kernel_backend as fastpath
     from tpsample.sampling import keys
     asked = []

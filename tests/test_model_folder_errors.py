@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpsample.engine.tokenizer import load_tokenizer
+from tpsample.engine.hf_files import load_tokenizer
 from tpsample.testing.toy import make_random_checkpoint
 
 

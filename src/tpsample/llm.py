@@ -34,17 +34,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 import tpsample
-from tpsample.engine.backends import InProcessBackend, SpmdBackend, under_torchrun
+from tpsample.engine.backends import InProcessBackend, MultiprocBackend, SpmdBackend, under_torchrun
 from tpsample.engine.breakers import with_token_breakers
 from tpsample.engine.config import EngineConfig, NgramConfig, check_max_model_len
 from tpsample.engine.core import NewRequest
 from tpsample.engine.frontend import TrackedRequest, run_to_completion
-from tpsample.engine.generation_config import read_generation_config
-from tpsample.engine.multiproc import MultiprocBackend
+from tpsample.engine.hf_files import load_tokenizer, read_generation_config
 from tpsample.engine.prompts import chat_prompts, normalize_prompts
-from tpsample.engine.report import EngineInfo, RunStats
-from tpsample.engine.request import GuidedDecoding, RequestOutput, StreamDelta
-from tpsample.engine.tokenizer import load_tokenizer
+from tpsample.engine.request import EngineInfo, GuidedDecoding, RequestOutput, RunStats, StreamDelta
 from tpsample.model import ModelConfig, check_checkpoint, resolve_dtype
 
 

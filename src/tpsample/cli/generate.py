@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 
 def check(args) -> None:
-    from ..engine.tokenizer import has_tokenizer
+    from ..engine.hf_files import has_tokenizer
 
     if not args.prompt and not args.prompt_ids:
         raise UsageError("give at least one --prompt or --prompt-ids")

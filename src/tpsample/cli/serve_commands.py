@@ -37,11 +37,12 @@ def check_positive(args, *names: str) -> None:
 
 def open_llm(args, console=None):
     """(LLM, model name) from the shared options; resolves the default model first."""
-    from tpsample.engine.default_model import quiet_transformers, resolve_model
+    from tpsample.engine.default_model import resolve_model
     from tpsample.llm import LLM
+    from tpsample.term import quiet_third_party
 
     check_positive(args, "tp", "max_num_seqs", "max_model_len", "kv_cache_tokens")
-    quiet_transformers()
+    quiet_third_party()
     folder, _ = resolve_model(args.model, console)
     llm = LLM(folder, tensor_parallel_size=args.tp, strategy=args.strategy, device=args.device, dtype=args.dtype,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,

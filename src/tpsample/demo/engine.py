@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from tpsample.model import ModelConfig
 from tpsample.parallel import names
 
 STRATEGIES = names.REPORT_ORDER
@@ -22,8 +23,6 @@ CHATS = [("What is the capital of France?", dict(temperature=0.0)),
 
 def demo_tp_sizes(folder: str, limit: int = 4) -> list[int]:
     """1 and the smallest TP size above 1 that splits the model (3 for SmolLM2's 9 / 3 heads)."""
-    from tpsample.model import ModelConfig
-
     cfg = ModelConfig.from_folder(folder)
     more = [t for t in range(2, limit + 1) if not cfg.tp_problems(t)]
     return [1] + more[:1]
@@ -75,15 +74,16 @@ def run_demo(*, model: str | None = None, tp_sizes: list[int] | None = None, dev
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tpsample.engine.default_model import quiet_transformers, resolve_model
+    from tpsample.engine.default_model import resolve_model
+    from tpsample.term import quiet_third_party
 
     console = console or Console()
-    quiet_transformers()
+    quiet_third_party()
     folder, what = resolve_model(model, console)
     sizes = tp_sizes or demo_tp_sizes(folder)
+    config = ModelConfig.from_folder(folder)
     for tp in sizes:
-        from tpsample.model import ModelConfig
-        ModelConfig.from_folder(folder).check_tensor_parallel(tp)
+        config.check_tensor_parallel(tp)
     runs = [(tp, s) for tp in sizes for s in STRATEGIES]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -56,9 +56,8 @@ class EngineConfig:
     load_format: str = "safetensors"            # "dummy": random weights, only config.json is read
 
     def __post_init__(self) -> None:
-        _positive_int(self.tensor_parallel_size, "tensor_parallel_size")
-        _positive_int(self.max_num_seqs, "max_num_seqs")
-        _positive_int(self.block_size, "block_size")
+        for name in ("tensor_parallel_size", "max_num_seqs", "block_size"):
+            _positive_int(getattr(self, name), name)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.device is not None and self.device not in DEVICES:

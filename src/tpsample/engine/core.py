@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from tpsample.engine.report import RunStats
-from tpsample.engine.request import GuidedDecoding, Request, RequestTimings, TokenLogprob
+from tpsample.engine.request import GuidedDecoding, Request, RequestTimings, RunStats, TokenLogprob
 from tpsample.engine.structured import COMPILE_TIMEOUT_S, GrammarWaits
 
 PARKED_POLL_S = 0.005           # how often an otherwise idle loop looks at the grammars compiling
@@ -221,11 +220,11 @@ class LocalClient:
         return self.core.run_once(cmds)
 
 
-def serve_core(engine, conn, first_cmd) -> None:
+def serve_core(engine, conn) -> None:
     """Rank 0 of spawned workers: run the core on commands from the pipe until "shutdown".
     While busy (or a grammar compiles), every round sends its events (possibly none: a sign of
     progress); idle, it sends nothing and waits for the next command."""
-    core, pending = EngineCore(engine), [first_cmd]
+    core, pending = EngineCore(engine), []
     while True:
         busy = engine.has_unfinished() or bool(pending)
         if conn.poll(0 if busy else PARKED_POLL_S if core.parked else None):

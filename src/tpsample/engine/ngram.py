@@ -5,7 +5,6 @@ of the history's last n tokens, trying n from max_n down to min_n.
 it is followed by at least one token. The prompt is indexed once with numpy (sliding windows);
 each new token adds one entry per n; a proposal is max_n - min_n + 1 lookups. So a request costs
 O(history) once, then O(1) per step, instead of a Python scan of the whole history every step.
-`propose_ngram` is the slow, obviously correct reference it is tested against.
 
 Drafts are verified by the sampler as one-hot drafts: accepted iff equal to the token plain
 decoding emits at their position (docs/semantics.md), so a draft only ever changes speed, never
@@ -14,23 +13,6 @@ the tokens, greedy or seeded.
 from __future__ import annotations
 
 import numpy as np
-
-
-def propose_ngram(tokens: list[int], *, k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to k draft tokens (possibly none) continuing `tokens` (reference implementation)."""
-    if k <= 0:
-        return []
-    total = len(tokens)
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
-        suffix = tokens[total - n:]
-        # latest match first: the most recent context predicts best
-        for start in range(total - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix:
-                follow = tokens[start + n:start + n + k]
-                if follow:
-                    return follow
-    return []
-
 
 _BITS = 21                   # token ids below 2**21 pack three to an int64 key
 
@@ -81,7 +63,7 @@ class _History:
 
 
 class NgramProposer:
-    """Incremental twin of `propose_ngram`: same drafts, state kept per request id."""
+    """Prompt-lookup drafts with their index kept per request id."""
 
     def __init__(self, *, min_n: int, max_n: int):
         self.ns = range(min_n, max_n + 1)

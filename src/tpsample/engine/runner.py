@@ -11,8 +11,9 @@ Contract
   with `tpsample.ops.logprobs` (log-sum-exp and top-n across ranks by collectives: no rank
   gathers a full row), at most `prompt_logprob_chunk` rows at a time.
 - Paths: on CUDA the attention is the Triton paged kernels and pure decode steps replay a CUDA
-  graph (forward + LM head; the sampler runs outside it); prefill, mixed and draft steps run
-  eagerly. On CPU: the torch attention, eagerly. Metadata is built with numpy, never per token.
+  graph (`DecodeGraphs`: forward + LM head; the sampler runs outside it); prefill, mixed and
+  draft steps run eagerly. On CPU: the torch attention, eagerly. Metadata is built with numpy,
+  never per token.
 - Invariants: never all-gathers logits (what crosses ranks is the sampler strategy's business);
   every rank executes every step, including ranks that own no sampled row; the KV capacity is
   the same on every rank. `close` drops every device tensor the runner holds.
@@ -27,16 +28,18 @@ import torch
 
 import tpsample
 from tpsample.kernels.gate import kernels_wanted
-from tpsample.engine.block_table import BlockTables
+from tpsample.engine.blocks import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
 from tpsample.engine.step import StepInput, StepOutput
 from tpsample.model import (
     AttentionMetadata,
+    CausalLM,
     ModelConfig,
     TPGroup,
     build_attention_metadata,
     build_paged_metadata,
+    PagedMetadata,
     load_model,
     resolve_dtype,
     slot_mapping_np,
@@ -66,7 +69,7 @@ class ModelRunner:
             max_num_logits_per_req=1 + cfg.num_speculative_tokens, strategy=cfg.strategy,
             group=process_group, device=self.device, max_logprobs=cfg.max_logprobs,
             eos_token_id=eos[0] if eos and eos[0] < self.vocab_size else None,
-            auto_graph=False)      # measured: the decode graph's device time hides the eager sampler's host work
+            auto_graph=False)      # the decode graph's device time hides the eager sampler's host work
         wanted_len = cfg.max_model_len or self.model_config.max_position_embeddings
         self.memory: MemoryProfile = size_kv(self.model, self.sampler, cfg, self.group, self.dtype,
                                              self.device, wanted_len, use_kernels=self.use_kernels)
@@ -81,8 +84,6 @@ class ModelRunner:
         self.tables = BlockTables(cfg.max_num_seqs, max_pages)
         self.graphs = None
         if self.use_kernels and cfg.cuda_graphs and self._graphs_supported():
-            from tpsample.engine.cuda_graphs import DecodeGraphs
-
             self.graphs = DecodeGraphs(self.model, max_num_seqs=cfg.max_num_seqs, max_pages=max_pages,
                                        page_size=cfg.block_size, max_seq_len=self.max_seq_len, device=self.device)
             self.graphs.capture()
@@ -165,10 +166,16 @@ class ModelRunner:
         for attn in (self.model.attention_layers() if self.model is not None else []):
             attn.kv_cache = None
         self.graphs = self.kv_cache = self.model = self.sampler = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        release_device_memory()
+
+
+def release_device_memory() -> None:
+    """Collect what the engine left in reference cycles, then hand the allocator's cached blocks
+    back to the driver (a next engine sizes its KV cache from the driver's free memory)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _reorder(logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -177,3 +184,99 @@ def _reorder(logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     if np.array_equal(idx, np.arange(len(idx))):
         return logits
     return logits[order.to(logits.device)]
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_num_seqs]
+
+
+class DecodeGraphs:
+    """Decode steps (one new token per sequence, no drafts) replayed from CUDA graphs.
+
+    One graph per bucketed batch size (1, 2, 4, ..., max_num_seqs) holds the whole model forward
+    and the LM head. Inputs live in persistent device buffers filled from pinned host twins with
+    non-blocking copies; a batch pads up to its bucket with rows of sequence length 0 and slot -1
+    (nothing written, output ignored). Graphs share one memory pool, captured largest first; the
+    logits of a replay are valid until the next replay.
+    """
+    def __init__(self, model: CausalLM, *, max_num_seqs: int, max_pages: int, page_size: int,
+                 max_seq_len: int, device: torch.device):
+        self.model, self.device = model, device
+        self.page_size, self.max_seq_len = page_size, max_seq_len
+        self.sizes = graph_batch_sizes(max_num_seqs)
+        n = self.sizes[-1]
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.num_kv_heads = model.attention_layers()[0].num_kv_heads
+        pinned = dict(pin_memory=True)
+        self.host = dict(ids=torch.zeros(n, dtype=torch.int64, **pinned),
+                         positions=torch.zeros(n, dtype=torch.int64, **pinned),
+                         slots=torch.full((n,), -1, dtype=torch.int64, **pinned),
+                         seq_lens=torch.zeros(n, dtype=torch.int32, **pinned),
+                         tables=torch.zeros(n, max_pages, dtype=torch.int32, **pinned))
+        self.dev = {k: v.to(device) for k, v in self.host.items()}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        from tpsample.model.kernels import num_decode_splits
+
+        d = self.dev
+        paged = PagedMetadata(block_tables=d["tables"][:bs], seq_lens=d["seq_lens"][:bs], page_size=self.page_size,
+                              max_seq_len=self.max_seq_len,
+                              num_splits=num_decode_splits(bs, self.num_kv_heads, self.max_seq_len, self.num_sms))
+        return AttentionMetadata(slot_mapping=d["slots"][:bs], seq_lens_per_token=d["seq_lens"][:bs], paged=paged)
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        d = self.dev
+        hidden = self.model(d["ids"][:bs], d["positions"][:bs], self._meta(bs))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up (compiles the kernels) and capture every size, largest first, in one pool."""
+        pool = None
+        for bs in reversed(self.sizes):
+            self._forward(bs)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[bs] = self._forward(bs)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+
+    def bucket(self, num_seqs: int) -> int | None:
+        return next((b for b in self.sizes if b >= num_seqs), None)
+
+    def run(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, seq_lens: np.ndarray,
+            tables: np.ndarray) -> torch.Tensor:
+        """One decode step for n sequences -> local logits [n, V_r]; tables [n, pages in use]."""
+        n, width = tables.shape
+        bs = self.bucket(n)
+        self._copied.synchronize()          # the last step's copies have left the pinned buffers
+        h = self.host
+        h["ids"][:n] = torch.from_numpy(token_ids)
+        h["positions"][:n] = torch.from_numpy(positions)
+        h["slots"][:n] = torch.from_numpy(slots)
+        h["slots"][n:bs] = -1
+        h["seq_lens"][:n] = torch.from_numpy(seq_lens.astype(np.int32, copy=False))
+        h["seq_lens"][n:bs] = 0
+        h["tables"][:n, :width] = torch.from_numpy(tables)
+        for key in ("ids", "positions", "slots", "seq_lens"):
+            self.dev[key][:bs].copy_(h[key][:bs], non_blocking=True)
+        self.dev["tables"][:n, :width].copy_(h["tables"][:n, :width], non_blocking=True)
+        self._copied.record()
+        self.graphs[bs].replay()
+        return self.logits[bs][:n]
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.logits.clear()
+        self.dev.clear()
+        self.host.clear()

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from tpsample.engine.block_manager import BlockManager
+from tpsample.engine.blocks import BlockManager
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.ngram import NgramProposer
 from tpsample.engine.request import Request, Status, TokenLogprob
@@ -217,9 +217,7 @@ class Scheduler:
     def _add_prompt_logprobs(self, rows: list[TokenLogprob]) -> None:
         first = 0
         for req, n in self._prompt_rows:
-            top = req.params.prompt_logprobs     # the step's widest request sets the width; trim
-            req.prompt_logprobs += [replace(lp, top_token_ids=lp.top_token_ids[:top],
-                                            top_logprobs=lp.top_logprobs[:top]) for lp in rows[first:first + n]]
+            req.prompt_logprobs += [_top(lp, req.params.prompt_logprobs) for lp in rows[first:first + n]]
             first += n
         self._prompt_rows = []
 
@@ -234,13 +232,9 @@ class Scheduler:
             req.output_token_ids.append(token)
             new.append(token)
             if req.logprobs is not None and logprobs is not None:
-                n = req.params.logprobs     # the batch's widest request sets the width; trim
-                lp = logprobs[j]
-                req.logprobs.append(replace(lp, top_token_ids=lp.top_token_ids[:n],
-                                            top_logprobs=lp.top_logprobs[:n]))
+                req.logprobs.append(_top(logprobs[j], req.params.logprobs))
             if req.kept_support is not None and supports is not None:
-                ks = supports[j]        # trimmed to the request's cap, as the logprobs
-                req.kept_support.append(replace(ks, token_ids=ks.token_ids[: req.params.kept_support]))
+                req.kept_support.append(replace(supports[j], token_ids=supports[j].token_ids[:req.params.kept_support]))
             reason = self._finish_reason(req, token)
             if reason is not None:
                 self._finish(req, reason)
@@ -271,6 +265,11 @@ class Scheduler:
         self._pages_sent.pop(req.req_id, None)
         if self._ngram is not None:
             self._ngram.drop(req.req_id)
+
+
+def _top(lp: TokenLogprob, n: int) -> TokenLogprob:
+    """lp with its top-n alternatives only: the batch's widest request sets the width, others trim."""
+    return replace(lp, top_token_ids=lp.top_token_ids[:n], top_logprobs=lp.top_logprobs[:n])
 
 
 def _prompt_logprob_positions(req: Request, start: int, num_new: int) -> range:

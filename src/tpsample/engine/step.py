@@ -2,7 +2,7 @@
 
 A step is a diff against what every rank already holds: requests joining and leaving, the KV
 pages each scheduled sequence gained since it last ran, and the tokens fed this step. Block
-tables are never resent whole; each rank keeps them (`engine.block_table.BlockTables`). The
+tables are never resent whole; each rank keeps them (`engine.blocks.BlockTables`). The
 grammar bitmask, the one large per-step tensor, travels as a tensor broadcast over the control
 group right after the pickled header, never inside the pickle.
 """
@@ -78,10 +78,7 @@ class _Header:
 
 
 class StepChannel:
-    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1.
-
-    A step goes as a pickled header (the diff) plus, when it has one, the bitmask as a tensor
-    broadcast; other messages go pickled."""
+    """Carries messages from rank 0 to every other rank over a CPU (gloo) group; None at TP=1."""
 
     def __init__(self, group=None):
         self.group = group

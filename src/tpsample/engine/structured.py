@@ -22,6 +22,7 @@ Lives on rank 0 with the scheduler; the bitmask travels to every rank inside the
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 import threading
 import time
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tpsample.engine.hf_files import has_tokenizer, load_tokenizer
 from tpsample.engine.request import GuidedDecoding
 
 COMPILE_TIMEOUT_S = 30.0          # the engine core's default time limit for one grammar
@@ -71,7 +73,6 @@ class GrammarBackend:
         return self._compiler
 
     def compile(self, guided: GuidedDecoding):
-        """The compiled grammar; raises ValueError for a schema/regex/grammar xgrammar rejects."""
         key = guided.key()
         with self._lock:
             if key in self._cache:
@@ -109,7 +110,6 @@ class GrammarBackend:
             return guided.key() in self._cache
 
     def start(self, guided: GuidedDecoding) -> Future:
-        """A Future of the compiled grammar, compiling in a worker thread (shared by equal grammars)."""
         key = guided.key()
         with self._lock:
             job, waiters = self._jobs.get(key, (None, 0))
@@ -123,7 +123,6 @@ class GrammarBackend:
         return job
 
     def release(self, guided: GuidedDecoding) -> None:
-        """One waiter of `start(guided)` is done with it; the last one cancels a job not yet started."""
         key = guided.key()
         with self._lock:
             job, waiters = self._jobs.get(key, (None, 0))
@@ -231,3 +230,11 @@ def valid_draft_prefix(matcher, drafts: list[int]) -> list[int]:
     if kept:
         matcher.rollback(len(kept))
     return kept
+
+
+def make_grammar_backend(folder: str, vocab_size: int) -> GrammarBackend | None:
+    """A GrammarBackend when the folder has a tokenizer and xgrammar is installed, else None.
+    The tokenizer and xgrammar's tables load on the first guided request."""
+    if not has_tokenizer(folder) or importlib.util.find_spec("xgrammar") is None:
+        return None
+    return GrammarBackend(lambda: load_tokenizer(folder), vocab_size)

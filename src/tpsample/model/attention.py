@@ -2,7 +2,7 @@
 
 Two paths, one contract (`PagedAttention.forward`):
 - kernel path (`meta.paged` set; the engine's GPU path): Triton kernels of
-  `tpsample.model.attention_kernels` read K/V pages straight from the cache; split-KV decode when every
+  `tpsample.model.kernels` read K/V pages straight from the cache; split-KV decode when every
   sequence has one query, a tiled causal kernel otherwise. GQA reads each K/V head once per group.
 - torch path (`meta.groups`; the CPU path and the reference the kernels are tested against):
   gather each sequence's context through its block table, SDPA with a causal-by-position mask.
@@ -77,8 +77,8 @@ def build_attention_metadata(query_lens, seq_lens, block_tables, block_size: int
     """Torch-path metadata for a step whose tokens are laid out sequence by sequence.
 
     query_lens[s]: new tokens of sequence s this step; seq_lens[s]: its context length after the
-    step (new tokens are its last query_lens[s] positions). block_tables: [S, max_pages] page ids
-    (array or lists), or None for no cache: every sequence must then be entirely new.
+    step (new tokens are its last query_lens[s] positions). block_tables: [S, max_pages] page ids,
+    or None for no cache: every sequence must then be entirely new.
     """
     q_lens = np.asarray(query_lens, dtype=np.int64)
     s_lens = np.asarray(seq_lens, dtype=np.int64)
@@ -87,7 +87,6 @@ def build_attention_metadata(query_lens, seq_lens, block_tables, block_size: int
     if block_tables is None:
         assert np.array_equal(q_lens, s_lens), "without a KV cache every token must be new"
     else:
-        block_tables = _as_table(block_tables)
         _, slots = slot_mapping_np(q_lens, s_lens, block_tables, block_size)
         slot_mapping = torch.from_numpy(slots).to(device)
     small = np.flatnonzero(q_lens <= SMALL_QUERY)
@@ -102,7 +101,7 @@ def build_paged_metadata(query_lens, seq_lens, block_tables: np.ndarray, slots: 
                          max_seq_len: int, device, *, decode: bool = False, num_kv_heads: int = 1) -> AttentionMetadata:
     """Kernel-path metadata for an eager step. decode: every sequence has exactly one query (then
     the split-KV decode kernel runs). slots: [T] cache slot of each new token (`slot_mapping_np`)."""
-    from tpsample.model.attention_kernels import num_decode_splits, prefill_tiles
+    from tpsample.model.kernels import num_decode_splits, prefill_tiles
 
     def dev(a, dtype=torch.int32) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
@@ -120,16 +119,6 @@ def build_paged_metadata(query_lens, seq_lens, block_tables: np.ndarray, slots: 
                               tile_seq=dev(tile_seq), tile_start=dev(tile_start))
     return AttentionMetadata(slot_mapping=dev(slots, torch.int64), seq_lens_per_token=dev(np.repeat(s_lens, q_lens)),
                              paged=paged)
-
-
-def _as_table(block_tables) -> np.ndarray:
-    if isinstance(block_tables, np.ndarray):
-        return block_tables
-    width = max((len(t) for t in block_tables), default=0)
-    table = np.zeros((len(block_tables), max(1, width)), dtype=np.int64)
-    for i, t in enumerate(block_tables):
-        table[i, :len(t)] = t
-    return table
 
 
 def _group(seqs, query_lens, seq_lens, starts, block_tables, block_size, device) -> AttentionGroup:
@@ -188,7 +177,7 @@ class PagedAttention(nn.Module):
         return out.reshape(q.shape[0], -1)
 
     def _kernels(self, q: torch.Tensor, paged: PagedMetadata) -> torch.Tensor:
-        from tpsample.model.attention_kernels import paged_decode, paged_prefill
+        from tpsample.model.kernels import paged_decode, paged_prefill
 
         k_cache, v_cache = self.kv_cache
         if paged.cu_query_lens is None:

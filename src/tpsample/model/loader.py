@@ -77,11 +77,6 @@ def init_dummy_weights(model: CausalLM, *, seed: int = 0, std: float = 0.02) -> 
             p.normal_(0.0, std, generator=gen)
 
 
-def load_weights(model: CausalLM, folder: str) -> None:
-    """Check the folder's checkpoint against the model's config, then fill this rank's shards."""
-    _fill(model, check_checkpoint(folder, model.config))
-
-
 def _fill(model: CausalLM, files: list[str]) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()

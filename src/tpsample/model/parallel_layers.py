@@ -6,10 +6,9 @@ of the weight, knows how to read that shard from a checkpoint slice (`weight_loa
 [, part])`, the slice indexable and carrying the checkpoint tensor's `name`, which its errors
 give), and runs its own collective in its own `forward`:
 
-- `ColumnParallelLinear`: output features split in units (heads, or 1); no collective. Units that
-  do not divide by TP but divide TP (few KV heads, many ranks) are replicated.
 - `MergedColumnParallelLinear`: several column-parallel layers as one GEMM (q|k|v, gate|up);
-  each part keeps its own shard, so no collective.
+  each part's output features split in units (heads, or 1) on its own, so no collective. Units
+  that do not divide by TP but divide TP (few KV heads, many ranks) are replicated.
 - `RowParallelLinear`: input features split; one all-reduce, bias added once after it.
 - `VocabParallelEmbedding`: rows [start, end) of `tpsample.vocab_shard`; one all-reduce.
 - `ParallelLMHead`: the same vocab split; returns this rank's `[rows, V_r]` logits and never
@@ -55,32 +54,8 @@ def _copy_checked(param: torch.Tensor, checkpoint_slice, index) -> None:
     param.data.copy_(loaded)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y_local = x @ W[rows of this rank].T (+ b_local); output stays sharded."""
-
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, group: TPGroup,
-                 unit: int = 1):
-        super().__init__()
-        assert out_features % unit == 0
-        start, end = shard_range(out_features // unit, group.size, group.rank)
-        self.out_start, self.out_end = start * unit, end * unit
-        self.out_features_local = self.out_end - self.out_start
-        self.weight = _empty(self.out_features_local, in_features)
-        self.weight.weight_loader = self._load_rows
-        self.bias = _empty(self.out_features_local) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = self._load_rows
-
-    def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice, slice(self.out_start, self.out_end))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 class MergedColumnParallelLinear(nn.Module):
-    """[x @ W_0_local.T | x @ W_1_local.T | ...] in one GEMM: several column-parallel layers (q|k|v,
-    gate|up), each part sharded on its own like a `ColumnParallelLinear` of the same unit.
+    """[x @ W_0_local.T | x @ W_1_local.T | ...] in one GEMM, each part's rows sharded on its own.
     `split_sizes` are the parts' local widths; the loader fills part i with `weight_loader(param,
     checkpoint_slice, i)`."""
 
@@ -131,8 +106,8 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Embedding rows [vocab_start, vocab_end); ids outside the shard contribute zeros."""
+class _VocabShard(nn.Module):
+    """A [V_r, dim] weight holding vocabulary rows [vocab_start, vocab_end) (the sampler's split)."""
 
     def __init__(self, vocab_size: int, dim: int, *, group: TPGroup):
         super().__init__()
@@ -144,6 +119,10 @@ class VocabParallelEmbedding(nn.Module):
     def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
         _copy_checked(param, checkpoint_slice, slice(self.vocab_start, self.vocab_end))
 
+
+class VocabParallelEmbedding(_VocabShard):
+    """Embedding rows [vocab_start, vocab_end); ids outside the shard contribute zeros."""
+
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         inside = (token_ids >= self.vocab_start) & (token_ids < self.vocab_end)
         local_ids = torch.where(inside, token_ids - self.vocab_start, 0)
@@ -151,21 +130,12 @@ class VocabParallelEmbedding(nn.Module):
         return self.group.all_reduce(emb)
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(_VocabShard):
     """Local logits [rows, V_r] for this rank's vocab shard; never gathered here."""
-
-    def __init__(self, vocab_size: int, dim: int, *, group: TPGroup):
-        super().__init__()
-        self.vocab_start, self.vocab_end = vocab_range(vocab_size, group)
-        self.weight = _empty(self.vocab_end - self.vocab_start, dim)
-        self.weight.weight_loader = self._load_rows
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         assert (embedding.vocab_start, embedding.vocab_end) == (self.vocab_start, self.vocab_end)
         self.weight = embedding.weight
-
-    def _load_rows(self, param: nn.Parameter, checkpoint_slice) -> None:
-        _copy_checked(param, checkpoint_slice, slice(self.vocab_start, self.vocab_end))
 
     def forward(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden_rows, self.weight)

@@ -7,7 +7,7 @@ past `timeout_s`.
 
 This is the one-shot launcher (a function in, results out) that tests, the demo and the sampler
 benchmark use. A long-lived engine needs more: workers that stay up between calls, take requests
-and aborts at any time and stream events back; that lives in `tpsample.engine.multiproc`, which
+and aborts at any time and stream events back; that lives in `tpsample.engine.backends`, which
 shares `free_port` with this module.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ import json
 import os
 
 import tpsample
-from tpsample.engine.generation_config import SAMPLING_FIELDS, check_sampling_defaults, sampling_defaults
+from tpsample.engine.hf_files import SAMPLING_FIELDS, check_sampling_defaults, sampling_defaults
 from tpsample.engine.request import GuidedDecoding
 from tpsample.serve import protocol as P
 

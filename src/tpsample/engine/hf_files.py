@@ -1,13 +1,17 @@
-"""A checkpoint's generation_config.json: its stop tokens and its sampling defaults, read in one place.
+"""The text-side files of a local HF model folder (no downloads): its tokenizer and generation_config.json.
 
 Contract
+- `load_tokenizer(folder)`: the folder's tokenizer, or None when it has none; a tokenizer file
+  that is not a JSON object, or files transformers cannot build a tokenizer from, are one
+  ValueError line naming the file (or the folder), never the library's bare error.
 - `read_generation_config(folder)`: the file's JSON object, {} when there is none; a file that is
   not a JSON object is a ValueError naming the file, in one line.
 - `sampling_defaults(folder)`: the sampling fields vLLM takes from it (`SAMPLING_FIELDS`, with
   `max_new_tokens` as `max_tokens`), each checked for type (a number; an integer where one is
   needed), else a ValueError naming the file and the field. Front ends apply them only to the
   fields a request leaves out.
-- `eos_token_ids(folder)`: its `eos_token_id` (an id or a list of them) as a tuple.
+- `generation_eos_ids(folder)`: its `eos_token_id` (an id or a list of them) as a tuple (config.json's
+  are read by the model config).
 """
 from __future__ import annotations
 
@@ -15,7 +19,36 @@ import json
 import numbers
 import os
 
-FILE = "generation_config.json"
+from tpsample.model.config import read_json_object
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+GENERATION_CONFIG = "generation_config.json"
+
+
+def has_tokenizer(folder: str) -> bool:
+    """Whether the folder holds tokenizer files (cheap: no transformers import)."""
+    return any(os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES)
+
+
+def load_tokenizer(folder: str):
+    """The folder's tokenizer, or None without one; ValueError naming a file that does not load."""
+    if not has_tokenizer(folder):
+        return None
+    for name in _JSON_FILES:
+        if os.path.lexists(os.path.join(folder, name)):
+            read_json_object(os.path.join(folder, name))
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except ImportError:
+        raise
+    except Exception as e:          # whatever a malformed file makes transformers / tokenizers raise
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        raise ValueError(f"the tokenizer files in {folder} do not load ({why[:300]})") from None
+
+
 # field -> (the SamplingParams / request name, integer or not), as vLLM's generation-config defaults
 SAMPLING_FIELDS = {"temperature": ("temperature", False), "top_p": ("top_p", False), "top_k": ("top_k", True),
                    "min_p": ("min_p", False), "repetition_penalty": ("repetition_penalty", False),
@@ -24,7 +57,7 @@ SAMPLING_FIELDS = {"temperature": ("temperature", False), "top_p": ("top_p", Fal
 
 def read_generation_config(folder: str) -> dict:
     """The folder's generation_config.json as a dict ({} without one); ValueError naming the file."""
-    path = os.path.join(folder, FILE)
+    path = os.path.join(folder, GENERATION_CONFIG)
     if not os.path.exists(path):
         return {}
     try:
@@ -55,16 +88,16 @@ def check_sampling_defaults(values: dict, source: str) -> dict:
 
 def sampling_defaults(folder: str) -> dict:
     """The sampling defaults the folder's generation_config.json sets (request field names)."""
-    return check_sampling_defaults(read_generation_config(folder), os.path.join(folder, FILE))
+    return check_sampling_defaults(read_generation_config(folder), os.path.join(folder, GENERATION_CONFIG))
 
 
-def eos_token_ids(folder: str) -> tuple[int, ...]:
-    """The EOS ids generation_config.json names (config.json's are read by the model config)."""
+def generation_eos_ids(folder: str) -> tuple[int, ...]:
+    """The EOS ids generation_config.json names."""
     eos = read_generation_config(folder).get("eos_token_id")
     if eos is None:
         return ()
     ids = tuple(eos) if isinstance(eos, list) else (eos,)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise ValueError(f"{os.path.join(folder, FILE)}: eos_token_id must be a token id or a list of them, "
+        raise ValueError(f"{os.path.join(folder, GENERATION_CONFIG)}: eos_token_id must be a token id or a list of them, "
                          f"got {eos!r}")
     return ids

@@ -1,7 +1,7 @@
-"""Paged attention in Triton, reading the KV cache in place through block tables.
+"""The model's Triton kernels: paged attention over block tables, and fused small ops.
 
 The cache of one layer is two tensors `[num_slots, Hkv, D]` (K and V); token `p` of a sequence
-lives in slot `table[p // page] * page + p % page`. Three kernels:
+lives in slot `table[p // page] * page + p % page`. Attention kernels:
 
 - `decode_split`: one query per sequence (decode). Programs `(seq, kv_head, split)`: each takes
   all `G = Hq / Hkv` query heads of its KV head (GQA without repeating K/V: one read of a K/V
@@ -14,15 +14,23 @@ lives in slot `table[p // page] * page + p % page`. Three kernels:
   attends to positions `<= ` its own; K/V rows are indexed by `q_head // G`.
 
 Softmax runs in fp32 with exp2; fp32 inputs use IEEE dot products (no TF32), half inputs
-accumulate in fp32. The kernels are plain functions compiled on first use by `compiled()`,
-keyed by the `TRITON_INTERPRET` setting at call time, so a test can switch the interpreter on
-with monkeypatch without leaking a compiled-or-interpreted choice into other tests. The torch
-reference is `tpsample.model.attention`.
+accumulate in fp32. Everything a launcher (`paged_decode`, `paged_prefill`) needs is already on
+the device, so decode launches can be captured in a CUDA graph (the grid depends only on the
+batch size and `num_splits`); `num_decode_splits` and `prefill_tiles` lay out their work.
 
-Launchers (`paged_decode`, `paged_prefill`) and the numpy helpers that lay out their work
-(`num_decode_splits`, `prefill_tiles`): everything a launcher needs is already on the device, so
-decode launches can be captured in a CUDA graph (the grid depends only on the batch size and
-`num_splits`).
+Fused ops (one launch each instead of the several eager torch needs):
+
+- `rms_norm(x, weight, eps, residual)`: optionally `r = x + residual` first (returned), then
+  `weight * (r * rsqrt(mean(r^2) + eps)).to(dtype)` with the statistics in fp32, as transformers.
+- `silu_mul(gate_up)`: `silu(gate) * up` for the fused `[T, 2I]` projection.
+- `rope_store(q, k, v, positions, cos_sin, slot_mapping, k_cache, v_cache)`: rotates q and k in
+  place (neox layout, partial rotary) from a `[max_pos, rotary_dim]` fp32 table (cos | sin), and
+  writes k and v into the paged cache at their slots (slot < 0: not written).
+
+The torch references are the model's own CPU code (`model/attention.py`, `model/llama.py`). The
+kernels are plain functions compiled on first use by `compiled()`, keyed by the `TRITON_INTERPRET`
+setting at call time, so a test can switch the interpreter on with monkeypatch without leaking a
+compiled-or-interpreted choice into other tests.
 """
 from __future__ import annotations
 
@@ -159,11 +167,74 @@ def _prefill(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, cu_q_ptr, tile_seq_pt
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
+def _rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, stride_x, stride_r, N: tl.constexpr,
+              BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = x + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        tl.store(res_out_ptr + row * N + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, 0) / N
+    y = (h * tl.rsqrt(var + eps)).to(x.dtype)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * N + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _silu_mul(x_ptr, out_ptr, stride_x, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + N + offs, mask=mask, other=0.0)
+    g32 = gate.to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(gate.dtype)
+    tl.store(out_ptr + row * N + offs, act * up, mask=mask)
+
+
+def _rope_store(q_ptr, k_ptr, v_ptr, pos_ptr, table_ptr, slot_ptr, kc_ptr, vc_ptr, stride_qt, stride_qh,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch, NUM_Q: tl.constexpr,
+                D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    offs = tl.arange(0, HALF_PAD)
+    mask = offs < HALF
+    cos = tl.load(table_ptr + pos * (2 * HALF) + offs, mask=mask, other=0.0)
+    sin = tl.load(table_ptr + pos * (2 * HALF) + HALF + offs, mask=mask, other=0.0)
+    if h < NUM_Q:
+        base = q_ptr + t * stride_qt + h * stride_qh
+    else:
+        base = k_ptr + t * stride_kt + (h - NUM_Q) * stride_kh
+    x1 = tl.load(base + offs, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
+    c = cos.to(x1.dtype).to(tl.float32)
+    s = sin.to(x1.dtype).to(tl.float32)
+    y1 = (x1.to(tl.float32) * c - x2.to(tl.float32) * s).to(x1.dtype)
+    y2 = (x2.to(tl.float32) * c + x1.to(tl.float32) * s).to(x1.dtype)
+    tl.store(base + offs, y1, mask=mask)
+    tl.store(base + HALF + offs, y2, mask=mask)
+    if h >= NUM_Q:
+        slot = tl.load(slot_ptr + t)
+        if slot >= 0:
+            kvh = h - NUM_Q
+            offs_d = tl.arange(0, D_PAD)
+            d_mask = offs_d < D
+            dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch + offs_d
+            k_row = tl.load(k_ptr + t * stride_kt + kvh * stride_kh + offs_d, mask=d_mask)
+            v_row = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + offs_d, mask=d_mask)
+            tl.store(kc_ptr + dst, k_row, mask=d_mask)
+            tl.store(vc_ptr + dst, v_row, mask=d_mask)
+
+
 @functools.cache
 def _compile(interpret: bool) -> SimpleNamespace:
     del interpret   # the cache key: triton.jit reads the setting when it wraps the functions
     return SimpleNamespace(decode_split=triton.jit(_decode_split), decode_reduce=triton.jit(_decode_reduce),
-                           prefill=triton.jit(_prefill))
+                           prefill=triton.jit(_prefill), rms_norm=triton.jit(_rms_norm),
+                           silu_mul=triton.jit(_silu_mul), rope_store=triton.jit(_rope_store))
 
 
 def compiled() -> SimpleNamespace:
@@ -245,3 +316,49 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out.stride(0), out.stride(1), G=group, D=dim, D_PAD=next_pow2(dim), PAGE=page,
         BLOCK_M=block_m, BLOCK_N=PREFILL_BLOCK_N, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2)
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x, residual [T, N] -> (normed [T, N], x + residual or None)."""
+    num_rows, n = x.shape
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else None
+    if num_rows:
+        compiled().rms_norm[(num_rows,)](
+            x, residual if residual is not None else x, weight, out, res_out if res_out is not None else out, eps,
+            x.stride(0), residual.stride(0) if residual is not None else 0, N=n,
+            BLOCK=next_pow2(n), HAS_RESIDUAL=residual is not None, num_warps=4)
+    return out, res_out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> [T, I]."""
+    num_rows, two_n = gate_up.shape
+    n = two_n // 2
+    out = torch.empty(num_rows, n, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, next_pow2(n))
+    if num_rows:
+        compiled().silu_mul[(num_rows, cdiv(n, block))](gate_up, out, gate_up.stride(0), N=n, BLOCK=block,
+                                                                num_warps=4)
+    return out
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               cos_sin: torch.Tensor, slot_mapping: torch.Tensor | None, k_cache: torch.Tensor | None,
+               v_cache: torch.Tensor | None) -> None:
+    """q [T, Hq, D], k, v [T, Hkv, D] (views with unit last stride); rotates q, k in place and
+    stores k, v at slot_mapping [T] (None: no cache)."""
+    num_tokens, num_q, dim = q.shape
+    num_kv = k.shape[1]
+    half = cos_sin.shape[1] // 2
+    if num_tokens == 0:
+        return
+    store = slot_mapping is not None
+    slots = slot_mapping if store else positions.new_full((num_tokens,), -1)
+    kc = k_cache if store else k
+    vc = v_cache if store else v
+    compiled().rope_store[(num_tokens, num_q + num_kv)](
+        q, k, v, positions, cos_sin, slots, kc, vc, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), kc.stride(0) if store else 0, kc.stride(1) if store else 0, NUM_Q=num_q,
+        D=dim, HALF=half, HALF_PAD=next_pow2(half), D_PAD=next_pow2(dim), num_warps=1)
