@@ -150,8 +150,7 @@ def _check_kernels(args) -> None:
     check_device(args.device)
     if importlib.util.find_spec("triton") is None:
         raise UsageError("bench kernels needs triton (pip install triton)")
-    from ..bench.kernel_sweep import VARIANTS
-    from ..bench.kernels import CONFIGS
+    from ..bench.kernels import CONFIGS, VARIANTS
     from ..bench.kernels import DTYPES as KERNEL_DTYPES
 
     for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES),
@@ -166,17 +165,17 @@ def _check_kernels(args) -> None:
 
 
 def _run_kernels(args) -> int:
-    from ..bench import kernel_sweep, kernels
+    from ..bench import kernels
 
     if args.sweep is not None:
-        kernel_sweep.run_sweep(args)
+        kernels.run_sweep(args)
     else:
         kernels.run_bench_kernels(args)
     return 0
 
 
 def _engine_parser(what) -> None:
-    from ..bench.engine_presets import PRESETS
+    from ..bench.engine import PRESETS
 
     p = what.add_parser("engine", help="engine throughput and latency per strategy, or a realistic preset")
     p.add_argument("--preset", choices=list(PRESETS), default=None,
@@ -212,7 +211,7 @@ def _check_engine(args) -> None:
     if args.out:
         check_writable_file(args.out, "--out")
     if args.preset is not None:
-        from ..bench.engine_presets import PRESETS
+        from ..bench.engine import PRESETS
 
         preset = PRESETS[args.preset]
         args.tp = args.tp or preset.tp
@@ -245,8 +244,8 @@ def _run_engine(args) -> int:
 
 
 def _serve_parser(what) -> None:
-    from . import serve_commands as commands
+    from .serve import add_bench_serve_args, run_bench_serve
 
     p = what.add_parser("serve", help="concurrent clients against the server: requests/s, TTFT and TPOT percentiles")
-    commands.add_bench_serve_args(p)
-    p.set_defaults(check=lambda args: None, run=lambda args: commands.run_bench_serve(args) and 0)
+    add_bench_serve_args(p)
+    p.set_defaults(check=lambda args: None, run=lambda args: run_bench_serve(args) and 0)
