@@ -187,27 +187,6 @@ def print_table(rows: list[dict], tp: int) -> None:
     console().print(table)
 
 
-def save_plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_tput, ax_tpot) = plt.subplots(1, 2, figsize=(10, 4))
-    for strategy in dict.fromkeys(r["strategy"] for r in rows):
-        mine = [r for r in rows if r["strategy"] == strategy]
-        ax_tput.plot([r["batch"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=strategy)
-        ax_tpot.plot([r["batch"] for r in mine], [r["tpot_ms"] for r in mine], marker="o", label=strategy)
-    for ax, label in ((ax_tput, "output tokens/s"), (ax_tpot, "time per output token (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(label)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes: list[int], device, dtype,
               prompt_len: int, max_tokens: int, kv_cache_tokens, cpu_memory_bytes: int, plot: str,
               out: str | None = None) -> dict:
@@ -220,7 +199,9 @@ def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes:
             folder, s, batch_sizes, tp=tp, device=device, dtype=dtype or "float32", prompt_len=prompt_len,
             max_tokens=max_tokens, kv_cache_tokens=kv_cache_tokens, cpu_memory_bytes=cpu_memory_bytes)]
     print_table(rows, tp)
-    save_plot(rows, plot)
+    from tpsample.bench.plots import plot_engine
+
+    plot_engine(rows, plot)
     summary = {"bench": "engine", "tp": tp, "device": device or "auto", "prompt_len": prompt_len,
                "max_tokens": max_tokens, "plot": plot, "results": rows}
     return finish(summary, out, device)

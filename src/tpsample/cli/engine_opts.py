@@ -48,10 +48,19 @@ def add_engine_args(p, *, positional_model: bool = False, max_num_seqs: int = 25
 
 def check_engine_args(args) -> dict:
     """Checks before anything starts; returns the checkpoint's config.json."""
-    config = read_model_config(args.model)
-    check_checkpoint_folder(args.model)
-    check_tp_splits(config, args.tp, args.model)
-    check_gpus_for_ranks(args.device, args.tp)
+    return check_model(args.model, [args.tp], args.device)
+
+
+def check_model(folder: str | None, tp_sizes, device, *, option: str = "--model", default: dict | None = None,
+                default_name: str = "") -> dict:
+    """The checkpoint folder (or, without one, the `default` model's config) and that every TP
+    size splits it with a GPU per rank on cuda; returns its config.json."""
+    config = read_model_config(folder, option) if folder is not None else default
+    if folder is not None:
+        check_checkpoint_folder(folder)
+    for tp in tp_sizes:
+        check_gpus_for_ranks(device, tp)
+        check_tp_splits(config, tp, folder or default_name)
     return config
 
 
@@ -106,20 +115,15 @@ def add_sampling_args(p) -> None:
 
 
 def sampling_params_from_args(args, vocab_size: int):
-    """SamplingParams from the options (ValueError naming the field for a bad value)."""
-    from ..params import SamplingParams
-
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            seed=args.seed, logprobs=args.logprobs, max_tokens=args.max_tokens,
-                            stop=getattr(args, "stop", None), dry_multiplier=args.dry_multiplier,
-                            dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
-                            dry_penalty_last_n=args.dry_penalty_last_n,
-                            dry_sequence_breakers=args.dry_sequence_breakers, top_n_sigma=args.top_n_sigma,
-                            xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold)
+    """SamplingParams from every option named after one of its fields (ValueError naming the
+    field for a bad value)."""
     import dataclasses
 
     from ..engine.config import EngineConfig
+    from ..params import SamplingParams
 
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams) if hasattr(args, f.name)}
+    params = SamplingParams(**given)
     max_logprobs = EngineConfig.__dataclass_fields__["max_logprobs"].default
     # the breaker strings are mapped to token ids with the tokenizer when the LLM runs them
     checked = dataclasses.replace(params, dry_sequence_breakers=None).validate_for_vocab(vocab_size, max_logprobs)

@@ -1,5 +1,4 @@
-"""`tpsample serve` (the OpenAI-compatible server), `tpsample chat` (a terminal chat) and the
-options of `tpsample bench serve`.
+"""`tpsample serve` (the OpenAI-compatible server) and `tpsample chat` (a terminal chat).
 
 User mistakes are refused before any work starts: bad option values when parsing, the rest as
 a ValueError of one line (the CLI layer prints it and exits with 2). Without a model, the
@@ -7,11 +6,10 @@ default model is used (`engine.default_model`).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from .args import int_at_least, real
+from .args import int_at_least, positive_real
 from .engine_opts import add_engine_args, add_sampling_args, open_llm, sampling_params_from_args
 
 
@@ -61,7 +59,7 @@ def add_serve_limit_args(p) -> None:
     p.add_argument("--allowed-hosts", default=None,
                    help="comma-separated Host header names to answer ('*': any; default: on a loopback "
                         "address its loopback names only, elsewhere any)")
-    p.add_argument("--max-body-mb", type=_positive_real, default=d.max_body_bytes / (1 << 20),
+    p.add_argument("--max-body-mb", type=positive_real, default=d.max_body_bytes / (1 << 20),
                    help="largest request body in MiB; larger is a 413 (default: %(default)g)")
     p.add_argument("--max-messages", type=int_at_least(1), default=d.max_messages,
                    help="chat messages per request (default: %(default)s)")
@@ -72,18 +70,11 @@ def add_serve_limit_args(p) -> None:
                               ("body", d.timeout_body_s, "a request's body may take to arrive; later: 408"),
                               ("shutdown", d.timeout_shutdown_s, "on SIGINT/SIGTERM, the wait for open "
                                                                  "connections before they are closed")):
-        p.add_argument(f"--timeout-{name}", type=_positive_real, default=value,
+        p.add_argument(f"--timeout-{name}", type=positive_real, default=value,
                        help=f"seconds: {what} (default: %(default)g)")
-    p.add_argument("--grammar-timeout", type=_positive_real, default=d.grammar_timeout_s,
+    p.add_argument("--grammar-timeout", type=positive_real, default=d.grammar_timeout_s,
                    help="seconds a response_format grammar may take to compile; longer is a 400 "
                         "(default: %(default)g)")
-
-
-def _positive_real(text: str) -> float:
-    value = real(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
 
 
 def serve_config(args):
@@ -194,18 +185,3 @@ def run_chat(args) -> int:
     finally:
         llm.close()
     return 0
-
-
-# -- bench serve ------------------------------------------------------------------------------
-def add_bench_serve_args(p) -> None:
-    add_engine_args(p, max_num_seqs=64)
-    p.add_argument("--url", default=None, help="benchmark a running server instead, e.g. http://127.0.0.1:8000 (default: start one)")
-    p.add_argument("--clients", type=int_at_least(1), default=8, help="concurrent clients (default: 8)")
-    p.add_argument("--duration", type=_positive_real, default=20.0, help="seconds to keep sending (default: 20)")
-    p.add_argument("--max-tokens", type=int_at_least(1), default=32, help="tokens per answer (default: 32)")
-
-
-def run_bench_serve(args) -> dict:
-    from tpsample.serve.bench import run_bench
-
-    return run_bench(args, open_llm)
