@@ -1,23 +1,15 @@
 """`tpsample bench sampler --compare`: one sampling call as an engine sees it, side by side.
 
 On the same `randn * 3` fp32 logits in one process, per case (`workloads.CASES`) and row count,
-every column of `compare_columns` (tpsample with automatic replay off, with it, over a new
-logits buffer each call, captured and replayed; FlashInfer with per-row tensors, with and
-without `top_k_max`; `argmax().tolist()` for greedy). Figures per column:
-- wall us: median over `iters` calls of the time until the tokens (and logprobs) are on the
-  host, each call after `compare_columns.WARMUP` untimed ones; host us: until the call returned;
-- device us: the profiler's device time of the call (`device_us`);
-- extra MiB: the allocator's peak during a call above what was allocated before it; held MiB:
-  what the column's setup and warm-up left allocated (state, workspaces, graph pools);
-- replayed: the share of timed calls that were replays.
-Every wall time is taken before the first profiled call (a sweep of wall times, then a sweep of
-device times and memory over the same logits: a finished profiler session can leave host work
-behind on later CUDA calls). FlashInfer's modules are built first, each in a child process
-with a time limit (`flashinfer.build`); the report says which built and why not.
-
-`--device cpu` is a smoke run of the same code (wall times only: no graphs, profiler, allocator
-or FlashInfer there). Prints a table, writes the plot and the JSON (`--out`, rewritten after
-every case so a run cut short keeps what it measured) and ends with one JSON line.
+every column of `compare_columns`. Figures per column: wall us (median over `iters` calls of the
+time until the tokens and logprobs are on the host, after `compare_columns.WARMUP` untimed
+calls) and host us (until the call returned); device us (the profiler's); extra MiB (the
+allocator's peak above what was allocated before a call) and held MiB (what the column's setup
+and warm-up left allocated); replayed (the share of timed calls that were replays). Every wall
+time is taken before the first profiled call: a finished profiler session can leave host work
+behind on later CUDA calls. `--device cpu` is a smoke run of the same code (wall times only).
+Prints a table, writes the plot and the JSON (`--out`, rewritten after every case, so a run cut
+short keeps what it measured) and ends with one JSON line.
 """
 from __future__ import annotations
 

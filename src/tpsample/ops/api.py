@@ -37,10 +37,10 @@ from ..sampling.output import LogprobsOutput
 from ..state.rows import HostRows
 from ..validation import check_draft_probs, check_drafts
 from . import args as A
-from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
+from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .impl import host_params, sample_impl
-from .run import choose, sample_tp
-from .table import RowTable, hints_to_bits
+
+from .table import RowTable, choose, hints_to_bits, sample_tp
 
 MAX_DRAFTS = 63          # per request, as the Sampler's max_num_logits_per_req <= 64
 OPS_LOGPROBS_MODES = ("raw", "processed", "raw_logprobs", "processed_logprobs")
