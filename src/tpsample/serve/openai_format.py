@@ -141,21 +141,39 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 _OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion",) * 2}
 
 
-class Formatter:
+class _Answer:
+    """What every formatter shares: the usage, and the tokens streamed per choice (for
+    `stream_options.continuous_usage_stats`, usage in every chunk)."""
+
+    def __init__(self, job: Prepared):
+        self.job = job
+        options = job.req.stream_options
+        self.continuous_usage = bool(options and options.continuous_usage_stats)
+        self._num_tokens: dict[int, int] = {}
+
+    def _streamed(self, t, new: int):
+        """Count `new` tokens of choice `t`; (their logprobs or None, the choice's tokens so far)."""
+        self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
+        lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        return lps, self._num_tokens[t.index]
+
+    def usage(self, completion_tokens: int) -> dict:
+        return usage(len(self.job.prompt_ids), completion_tokens)
+
+
+class Formatter(_Answer):
     """Builds the JSON of one HTTP request (chat or completion)."""
 
     def __init__(self, kind: str, model: str, tokenizer, job: Prepared):
         assert kind in ("chat", "completion")
+        super().__init__(job)
         req = job.req
-        self.kind, self.model, self.job = kind, model, job
+        self.kind, self.model = kind, model
         self.return_token_ids = bool(req.return_token_ids)
-        stream_options = req.stream_options
-        self.continuous_usage = bool(stream_options and stream_options.continuous_usage_stats)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (req.request_id or uuid.uuid4().hex[:24])
         self.created = int(time.time())
         self.tt = TokenText(tokenizer, as_ids=bool(req.return_tokens_as_token_ids))
         self._offsets: dict[int, int] = {}      # completion logprobs: characters streamed per choice
-        self._num_tokens: dict[int, int] = {}   # tokens streamed per choice
         self._echoed: set[int] = set()
 
     def _head(self, chunk: bool) -> dict:
@@ -201,7 +219,7 @@ class Formatter:
                 choice["kept_support"] = kept_support_json(out.kept_support)
             choices.append(choice)
         body = {**self._head(False), "choices": choices,
-                "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
+                "usage": self.usage(sum(len(t.output_token_ids) for t in tracked))}
         if self.kind == "chat" and (self.job.req.prompt_logprobs is not None or self.job.echo is not None):
             body["prompt_logprobs"] = prompt_logprobs(self.tt, tracked[0].prompt_logprobs)
         if self.return_token_ids:
@@ -222,9 +240,8 @@ class Formatter:
         """One stream chunk: choice `t` (a TrackedRequest) got `delta` (a StreamDelta); None when
         there is nothing to say (text held back: a character split across tokens)."""
         new = len(delta.new_token_ids)
-        lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        lps, _ = self._streamed(t, new)
         ks = t.kept_support[len(t.kept_support) - new:] if t.kept_support is not None else None
-        self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
         if not delta.text and not delta.finished and lps is None and ks is None and not self.return_token_ids \
                 and not (self.kind == "completion" and self.job.echo and t.index not in self._echoed):
             return None
@@ -244,22 +261,21 @@ class Formatter:
     def _chunk(self, index: int, fields: dict) -> dict:
         body = {**self._head(True), "choices": [{"index": index, "logprobs": None, "finish_reason": None, **fields}]}
         if self.continuous_usage:
-            body["usage"] = usage(len(self.job.prompt_ids), self._num_tokens.get(index, 0))
+            body["usage"] = self.usage(self._num_tokens.get(index, 0))
         return body
 
     def usage_chunk(self, completion_tokens: int) -> dict:
-        return {**self._head(True), "choices": [], "usage": usage(len(self.job.prompt_ids), completion_tokens)}
+        return {**self._head(True), "choices": [], "usage": self.usage(completion_tokens)}
 
 
-class GenerateFormatter:
+class GenerateFormatter(_Answer):
     """vLLM's /inference/v1/generate answers: token ids and logprobs ("token_id:<id>"), no text."""
 
     def __init__(self, tokenizer, job: Prepared, request_id: str):
-        self.job, self.request_id = job, request_id
+        super().__init__(job)
+        self.request_id = request_id
         self.tt = TokenText(tokenizer, as_ids=True)
         self.text = TokenText(tokenizer)              # prompt_logprobs' decoded_token
-        self.continuous_usage = bool(job.req.stream_options and job.req.stream_options.continuous_usage_stats)
-        self._num_tokens: dict[int, int] = {}
 
     def _choice(self, index: int, token_ids: list[int], lps, finish_reason: str | None) -> dict:
         return {"index": index, "logprobs": chat_logprobs(self.tt, lps) if lps is not None else None,
@@ -269,7 +285,7 @@ class GenerateFormatter:
         return {"request_id": self.request_id,
                 "choices": [self._choice(t.index, t.output_token_ids, t.logprobs, t.finish_reason) for t in tracked],
                 "prompt_logprobs": prompt_logprobs(self.text, tracked[0].prompt_logprobs), "kv_transfer_params": None,
-                "usage": usage(len(self.job.prompt_ids), sum(len(t.output_token_ids) for t in tracked))}
+                "usage": self.usage(sum(len(t.output_token_ids) for t in tracked))}
 
     def opening(self, index: int) -> list[dict]:
         return []
@@ -278,14 +294,12 @@ class GenerateFormatter:
         new = len(delta.new_token_ids)
         if not new and not delta.finished:
             return None
-        self._num_tokens[t.index] = self._num_tokens.get(t.index, 0) + new
-        lps = t.logprobs[len(t.logprobs) - new:] if t.logprobs is not None else None
+        lps, so_far = self._streamed(t, new)
         body = {"request_id": self.request_id,
                 "choices": [self._choice(t.index, delta.new_token_ids, lps, delta.finish_reason)]}
         if self.continuous_usage:
-            body["usage"] = usage(len(self.job.prompt_ids), self._num_tokens[t.index])
+            body["usage"] = self.usage(so_far)
         return body
 
     def usage_chunk(self, completion_tokens: int) -> dict:
-        return {"request_id": self.request_id, "choices": [],
-                "usage": usage(len(self.job.prompt_ids), completion_tokens)}
+        return {"request_id": self.request_id, "choices": [], "usage": self.usage(completion_tokens)}
