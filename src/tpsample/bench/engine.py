@@ -174,7 +174,6 @@ def bench_strategy(folder: str, strategy: str, batch_sizes: list[int], *, tp: in
 
 
 def print_table(rows: list[dict], tp: int) -> None:
-    from tpsample.term import console
     from tpsample.term import table as make_table
 
     table = make_table(f"engine throughput and latency, TP={tp}",
@@ -184,7 +183,7 @@ def print_table(rows: list[dict], tp: int) -> None:
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
         table.add_row(r["strategy"], str(r["batch"]), f"{r['tokens_per_s']:.1f}", f"{r['ttft_ms']:.1f}",
                       f"{r['tpot_ms']:.1f}", peaks, f"{r['kv_blocks']:,}")
-    console().print(table)
+    print_whole(table)
 
 
 def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes: list[int], device, dtype,
