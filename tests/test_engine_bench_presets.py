@@ -2,8 +2,7 @@
 it frees, and those blocks let more requests run at once."""
 from __future__ import annotations
 
-from tpsample.bench.engine import run_preset
-from tpsample.bench.engine_presets import PRESETS
+from tpsample.bench.engine import PRESETS, run_preset
 
 
 def test_kv_bound_preset_turns_freed_sampler_memory_into_kv_blocks_and_concurrency():

@@ -54,8 +54,7 @@ def test_kernels_with_stand_in_host_values_give_the_same_tokens(kernel_calls):
     hint is on. Here (CPU) the same table is built both ways and sampled by the kernels."""
     from tpsample.ops.args import normalise
     from tpsample.ops.impl import host_params
-    from tpsample.ops.run import sample_full
-    from tpsample.ops.table import RowTable
+    from tpsample.ops.table import RowTable, sample_full
     rows = per_row(PARAMS, PROMPT_LENS, 3)
     t = rows["temperature"].float()
     k, p, m = normalise(t, rows["top_k"], rows["top_p"].float(), rows["min_p"].float(), V)

@@ -91,3 +91,20 @@ def test_bench_serve_reports_latency_percentiles_and_no_leak(folder, capsys):
     assert result["requests"] > 0 and result["errors"] == 0 and result["idle"]
     assert result["leaked_kv_blocks"] == 0 and result["leaked_sampler_slots"] == 0
     assert result["ttft_ms"]["p50"] <= result["ttft_ms"]["p99"]
+
+
+def test_bench_serve_report_records_what_produced_it(folder, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--model", folder, *ENGINE_ARGS, "--clients", "1", "--duration", "1",
+                 "--max-tokens", "2", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    written = json.loads(out.read_text())
+    assert printed == written and written["bench"] == "serve" and written["requests"] > 0
+    assert {"commit", "date", "device", "torch", "command"} <= set(written["meta"])
+
+
+def test_chat_applies_the_sampling_options_of_generate(folder, reference, capsys, monkeypatch):
+    greedy = reference.chat([{"role": "user", "content": "hello"}], SamplingParams(temperature=0, max_tokens=8))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", folder, *ENGINE_ARGS, "--top-k", "1", "--seed", "3", "--max-tokens", "8"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "assistant> " + greedy[0].text.splitlines()[0]

@@ -157,7 +157,7 @@ def in_process_server(folder: str, *options: str):
     """The app on a background thread of this process (so a test can patch the engine), configured
     from `tpsample serve` options; yields (server, llm)."""
     from tpsample.cli import build_parser
-    from tpsample.cli.serve_commands import serve_config
+    from tpsample.cli.serve import serve_config
     from tpsample.llm import LLM
     from tpsample.serve.app import build_app
     from tpsample.serve.server import BackgroundServer
@@ -210,7 +210,7 @@ def test_a_foreign_host_header_is_refused_on_localhost(server):
 
 def test_allowed_hosts_and_the_api_key_come_from_the_options_or_the_environment(monkeypatch):
     from tpsample.cli import build_parser
-    from tpsample.cli.serve_commands import serve_config
+    from tpsample.cli.serve import serve_config
 
     def config(*argv):
         return serve_config(build_parser().parse_args(["serve", *argv]))

@@ -5,23 +5,12 @@
     outs = llm.chat([{"role": "user", "content": "Hello"}])     # the chat template applied
 
 TP=1 runs in this process; TP>1 spawns one worker per rank (gloo on CPU, NCCL with one GPU per
-rank); under torchrun every rank runs the script and the ranks are the torchrun processes (see
-`tpsample.engine.backends`). Structured output: `generate(..., guided=GuidedDecoding(...))`.
-Streaming: `generate(..., stream=callback)`, called with a `StreamDelta` (new token ids and new
-text) per request per step. Stop strings (`SamplingParams.stop`) and text come from the
-front end (`engine.frontend`); DRY sequence breakers given as strings are mapped to token ids
-with the tokenizer as llama.cpp maps them (`engine.breakers`); the engine sees token ids only.
-`SamplingParams(prompt_logprobs=n)` adds each prompt token's logprob, rank and top-n
-(`RequestOutput.prompt_logprobs`, None for the first token), computed from the prefill's own
-logits on each rank's vocab shard.
-Spawned workers re-import the main module: build the LLM under `if __name__ == "__main__":`.
-Engine options beyond the public signature (block_size, max_num_batched_tokens,
-cpu_memory_bytes, step_timeout_s, ...) pass through as keywords to `EngineConfig`.
-`max_model_len` may not exceed the checkpoint's context (config.json `max_position_embeddings`,
-stretched by linear / dynamic rope scaling) unless TPSAMPLE_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
-The folder is checked before any worker starts (config.json's fields, every tensor's name, dtype
-and full shape from the safetensors headers, the tokenizer files): a bad one is one ValueError
-line naming the file and the tensor or field.
+rank), so build the LLM under `if __name__ == "__main__":`; under torchrun the ranks are the
+torchrun processes. The engine sees token ids only: text, stop strings and DRY breaker strings
+are the front end's (`engine.frontend`, `engine.breakers`). Engine options beyond the signature
+pass through as keywords to `EngineConfig`. The folder is checked before any worker starts
+(config.json, every tensor's name, dtype and shape from the safetensors headers, the tokenizer,
+`max_model_len` against the checkpoint's context): a bad one is one ValueError line naming it.
 """
 from __future__ import annotations
 

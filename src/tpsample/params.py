@@ -2,43 +2,24 @@
 
 Every bad value raises `ValueError` naming the field and the allowed range. Numbers may be
 Python or numpy scalars (stored as `int` / `float`); containers are copied and frozen (tuples,
-a read-only `FrozenDict`), so changing the caller's list afterwards changes nothing. Checks
-that need the vocabulary size or the sampler's limits live in `validate_for_vocab`, which also
-returns the params the sampler should store (`top_k >= V` normalised to -1, off).
+a read-only `FrozenDict`). Checks that need the vocabulary size or the sampler's limits live in
+`validate_for_vocab`, which also returns the params to store (`top_k >= V` becomes -1, off).
 
-Ranges, and why (the sampler computes in fp32):
-- `temperature`: 0 (greedy) or in [1e-6, 1e6]. `l / T` with T below 1e-6 overflows fp32 for
-  large logits (and 1e-45 is 0 in fp32); above 1e6 every realistic row is uniform already.
-- One rule for every real-valued range, whatever the value's type (Python float, numpy scalar,
-  tensor of any float dtype, here or in `tpsample.ops`): the ends are the fp32 numbers nearest
-  the decimal bounds (the sampler's tables are fp32; 1e-6 in fp32 is 9.99999997e-07), and the
-  value is compared exactly, in its own precision. So 1e-6 passes as a Python float, a numpy
-  float32 and a fp32 tensor alike, and anything below fp32(1e-6) fails in every form.
-- `logit_bias` values in [-100, 100], the OpenAI API's range: -100 all but bans a token
-  (exp(-100) ~ 4e-44), while values like 1e308 overflow fp32. Use `allowed_token_ids` or
-  `bad_words_token_ids` to ban a token exactly.
-- `repetition_penalty` in [0.01, 100]: a factor beyond 100 already bans or forces a seen token,
-  and 1e-300 is 0 in fp32 (`l / r` = inf).
-- `top_p` in (0, 1] and `min_p` (when not 0) at least 2**-126 (~1.2e-38, the smallest normal
-  fp32): smaller values are 0 in fp32, which would keep no token at all.
-- Integers that reach the sampler's int64 / int32 tables are bounded so that they fit: `min_tokens`
-  in [0, 2**63), `max_tokens` in [1, 2**63), `logprobs` and `prompt_logprobs` in [0, 65536] (the most any sampler
-  allows, see `MAX_LOGPROBS`), token ids (`stop_token_ids`, `allowed_token_ids`, `logit_bias`
-  keys, `bad_words_token_ids`) in [0, 2**31) (int32 tables; the vocabulary is below 2**31).
-- `seed`: any integer (or None). The noise keys on the seed mod 2**64, so seeds equal mod 2**64
-  (e.g. -1 and 2**64 - 1) give the same tokens; nothing is stored wider than int64.
-- The samplers with llama.cpp's names (`src/llama-sampling.cpp`): `dry_multiplier` in [0, 100]
-  (0 = off), `dry_base` in [1, 100] (llama.cpp ignores a base below 1), `dry_allowed_length` in
-  [0, 2**31), `dry_penalty_last_n` -1 (the whole context), 0 (off) or in [1, 2**31),
-  `dry_sequence_breakers` at most 65536 sequences of 1 to 21 token ids (a head and llama.cpp's
-  longest tail, 20) or strings of 1 to 40 characters (llama.cpp's longest), which only the text
-  front ends take (they map them with the tokenizer); `top_n_sigma` in [-1e6, 1e6] (<= 0 = off); `xtc_threshold` and
-  `xtc_probability` in [0, 1] (probability 0 = off).
-- `kept_support`: None, or how many kept token ids (most probable first) each sampled row
-  returns with its kept support, in [0, 65536].
-Together: for raw logits with |l| <= 1e30 every processed value stays finite in fp32
-(100 x (1e30 + 100) / 1e-6 < 3.4e38); beyond that, the guard (no finite kept token -> the raw
-argmax, flagged) applies.
+The ranges keep every value meaningful in the sampler's fp32 / int64 / int32 tables:
+- real ranges end at the fp32 numbers nearest their decimal bounds and a value is compared in
+  its own precision, so 1e-6 passes as a Python float, a numpy float32 and a fp32 tensor alike;
+- `temperature` 0 (greedy) or [1e-6, 1e6] (below, `l / T` overflows fp32; above, rows are
+  uniform already); `top_p` (0, 1] and non-zero `min_p` >= 2**-126 (smaller is 0 in fp32);
+  `repetition_penalty` [0.01, 100]; `logit_bias` values [-100, 100], the OpenAI API's range
+  (use `allowed_token_ids` or `bad_words_token_ids` to ban a token exactly);
+- integers fit their tables: token ids in [0, 2**31), counts below 2**63, `logprobs`,
+  `prompt_logprobs` and `kept_support` in [0, 65536] (`MAX_LOGPROBS`); `seed` any integer, used
+  mod 2**64;
+- llama.cpp's samplers by its ranges: DRY (`dry_base` >= 1, breakers of 1 to 21 token ids or
+  strings of 1 to 40 characters, which only the text front ends take), `top_n_sigma` (<= 0 off),
+  XTC (probability 0 off).
+So for raw logits with |l| <= 1e30 every processed value stays finite in fp32; beyond that the
+guard (no finite kept token: the raw argmax, flagged) applies.
 """
 from __future__ import annotations
 

@@ -1,23 +1,15 @@
 """`tpsample bench sampler --compare`: one sampling call as an engine sees it, side by side.
 
 On the same `randn * 3` fp32 logits in one process, per case (`workloads.CASES`) and row count,
-every column of `compare_columns` (tpsample with automatic replay off, with it, over a new
-logits buffer each call, captured and replayed; FlashInfer with per-row tensors, with and
-without `top_k_max`; `argmax().tolist()` for greedy). Figures per column:
-- wall us: median over `iters` calls of the time until the tokens (and logprobs) are on the
-  host, each call after `compare_columns.WARMUP` untimed ones; host us: until the call returned;
-- device us: the profiler's device time of the call (`measure.device_us`);
-- extra MiB: the allocator's peak during a call above what was allocated before it; held MiB:
-  what the column's setup and warm-up left allocated (state, workspaces, graph pools);
-- replayed: the share of timed calls that were replays.
-Every wall time is taken before the first profiled call (a sweep of wall times, then a sweep of
-device times and memory over the same logits: a finished profiler session can leave host work
-behind on later CUDA calls). FlashInfer's modules are built first, each in a child process
-with a time limit (`flashinfer.build`); the report says which built and why not.
-
-`--device cpu` is a smoke run of the same code (wall times only: no graphs, profiler, allocator
-or FlashInfer there). Prints a table, writes the plot and the JSON (`--out`, rewritten after
-every case so a run cut short keeps what it measured) and ends with one JSON line.
+every column of `compare_columns`. Figures per column: wall us (median over `iters` calls of the
+time until the tokens and logprobs are on the host, after `compare_columns.WARMUP` untimed
+calls) and host us (until the call returned); device us (the profiler's); extra MiB (the
+allocator's peak above what was allocated before a call) and held MiB (what the column's setup
+and warm-up left allocated); replayed (the share of timed calls that were replays). Every wall
+time is taken before the first profiled call: a finished profiler session can leave host work
+behind on later CUDA calls. `--device cpu` is a smoke run of the same code (wall times only).
+Prints a table, writes the plot and the JSON (`--out`, rewritten after every case, so a run cut
+short keeps what it measured) and ends with one JSON line.
 """
 from __future__ import annotations
 
@@ -28,9 +20,21 @@ import traceback
 
 import torch
 
-from . import compare_columns, flashinfer, measure
-from .progress import progress
-from .report import finish, metadata, print_table, write
+from . import compare_columns, flashinfer
+from .report import (
+    allocated,
+    cell,
+    device_us,
+    extra_bytes,
+    finish,
+    is_cuda,
+    metadata,
+    print_table,
+    profiled_us,
+    progress,
+    wall_us,
+    write,
+)
 from .workloads import CASES
 
 DEVICE_CALLS = 5
@@ -42,11 +46,11 @@ def _measure(timed, iters: int, device, phase: str, refill_us: float | None) -> 
         timed.call()()
     if phase == "wall":
         start = timed.replays()
-        wall, host = measure.wall_us(timed.call, iters, device, timed.before)
+        wall, host = wall_us(timed.call, iters, device, timed.before)
         return {"wall_us": round(wall, 1), "host_us": round(host, 1),
                 "replayed": round((timed.replays() - start) / iters, 2)}
-    dev = measure.device_us(timed.call, DEVICE_CALLS, device, timed.before, before_us=refill_us)
-    extra = measure.extra_bytes(timed.call, device, timed.before)
+    dev = device_us(timed.call, DEVICE_CALLS, device, timed.before, before_us=refill_us)
+    extra = extra_bytes(timed.call, device, timed.before)
     return {"device_us": None if dev is None else round(dev, 1),
             "extra_mib": None if extra is None else round(extra / 2**20, 3)}
 
@@ -54,7 +58,7 @@ def _measure(timed, iters: int, device, phase: str, refill_us: float | None) -> 
 def _column(setup, case, logits, iters, device, phase, refill_us) -> dict | str | None:
     """The column's figures; None where it does not apply; why not, where it could not run (an
     error too: the run goes on, its traceback on stderr)."""
-    base = measure.allocated(device)
+    base = allocated(device)
     try:
         timed = setup(case, logits)
         if timed is None or isinstance(timed, str):
@@ -64,7 +68,7 @@ def _column(setup, case, logits, iters, device, phase, refill_us) -> dict | str 
         traceback.print_exc(file=sys.stderr)
         return f"failed: {type(e).__name__}: {' '.join(str(e).split())}"[:300]
     if phase == "device" and base is not None:
-        row["held_mib"] = round((measure.allocated(device) - base) / 2**20, 3)
+        row["held_mib"] = round((allocated(device) - base) / 2**20, 3)
     del timed
     gc.collect()                # the sampler's own cycles: its memory is free before the next column
     return row
@@ -73,7 +77,7 @@ def _column(setup, case, logits, iters, device, phase, refill_us) -> dict | str 
 def _warm_up(case, rows: int, vocab: int, device) -> None:
     """Untimed calls before the first case (GPU clocks, host caches, the allocator): otherwise
     the first column measured pays for them."""
-    calls = 50 if measure.is_cuda(device) else 2
+    calls = 50 if is_cuda(device) else 2
     logits = compare_columns.Logits.randn(rows, vocab, device, seed=0)
     timed = compare_columns.replay_off(case, logits)
     for _ in range(calls):
@@ -88,10 +92,10 @@ def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 21, cases=N
     "results", "meta", "complete"}. FlashInfer's status: read from status_path when given, else
     its modules are built here within build_s seconds."""
     chosen = [c for c in CASES if cases is None or c.name in cases]
-    if status_path and measure.is_cuda(device):
+    if status_path and is_cuda(device):
         status = flashinfer.load_status(status_path)
     else:
-        status = flashinfer.build(build_s if measure.is_cuda(device) else 0)
+        status = flashinfer.build(build_s if is_cuda(device) else 0)
     cols = compare_columns.columns(status, reserve_tokens=4 * (compare_columns.WARMUP + iters) + 64)
     report = {"bench": "sampler_compare", "rows": list(rows_list), "vocab": vocab, "iters": iters,
               "logits": "randn x 3, fp32", "flashinfer": status, "skipped": {}, "results": [],
@@ -103,9 +107,9 @@ def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 21, cases=N
         for phase, case, rows in groups:
             logits = compare_columns.Logits.randn(rows, vocab, device, seed=rows)
             refill_us = None                # the device time of every column's before(): one copy of the logits
-            if phase == "device" and measure.is_cuda(device):
+            if phase == "device" and is_cuda(device):
                 refill = functools.partial(logits.work.copy_, logits.pristine)
-                refill_us = measure.profiled_us(refill, DEVICE_CALLS, device) / DEVICE_CALLS
+                refill_us = profiled_us(refill, DEVICE_CALLS, device) / DEVICE_CALLS
             for name, setup in cols.items():
                 step(f"{phase}: {case.name} x {rows}: {name}")
                 got = _column(setup, case, logits, iters, device, phase, refill_us)
@@ -120,7 +124,7 @@ def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 21, cases=N
             if out:
                 write({**report, "complete": False}, out)
             del logits
-            if measure.is_cuda(device):
+            if is_cuda(device):
                 torch.cuda.empty_cache()
     return {**report, "complete": True}
 
@@ -135,10 +139,6 @@ def _anchor_ratio(results: list[dict]) -> dict:
     return best
 
 
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def table(report: dict):
     from ..term import table as make_table
 
@@ -150,9 +150,9 @@ def table(report: dict):
     for r in report["results"]:
         anchor, wall = best.get((r["case"], r["rows"])), r.get("wall_us")
         ratio = wall / anchor if anchor and wall is not None and r["impl"].startswith("tpsample") else None
-        t.add_row(r["case"], str(r["rows"]), compare_columns.SHORT.get(r["impl"], r["impl"]), _fmt(wall, ".0f"),
-                  _fmt(ratio, ".2f"), _fmt(r.get("device_us"), ".0f"), _fmt(r.get("host_us"), ".0f"),
-                  _fmt(r.get("extra_mib"), ".2f"), _fmt(r.get("held_mib"), ".2f"), _fmt(r.get("replayed"), ".2f"))
+        t.add_row(r["case"], str(r["rows"]), compare_columns.SHORT.get(r["impl"], r["impl"]), cell(wall, ".0f"),
+                  cell(ratio, ".2f"), cell(r.get("device_us"), ".0f"), cell(r.get("host_us"), ".0f"),
+                  cell(r.get("extra_mib"), ".2f"), cell(r.get("held_mib"), ".2f"), cell(r.get("replayed"), ".2f"))
     return t
 
 

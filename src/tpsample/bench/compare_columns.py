@@ -1,26 +1,17 @@
 """The columns of `bench sampler --compare`: tpsample called four ways, and the anchors.
 
 A column's `setup(case, logits)` returns a `Timed` (`call() -> finish()`, `before()` and what
-was replayed), None where the column does not apply (argmax beside greedy only, `top_k_max`
-beside top-k only), or a string saying why it could not run for that case here. Every column
-reads logits just written: `before()` refills the buffer the next call reads from the pristine
-copy (outside what is measured), as an LM head would have written it; in-place calls (FlashInfer's
-temperature, tpsample's penalties case) need that anyway, and so every column sees the same.
+was replayed), None where the column does not apply, or a string saying why it could not run
+for that case here. `before()` refills the buffer the next call reads from the pristine copy
+(outside what is measured), as an LM head would have written it, so every column reads logits
+just written (in-place calls need that anyway).
 
-tpsample (every request seeded, `plan` + `sample` per call, tokens and logprobs read on the host):
-- `tpsample, replay off`: `Sampler(..., auto_graph=False)`, eager launches every call;
-- `tpsample, auto replay`: the default sampler on one buffer: after `replay.AFTER` identical
-  calls it captures the step and replays it (the warm-up passes that point: the timed calls are
-  replays; the `replayed` figure says how many were);
-- `tpsample, new buffer`: the default sampler over two buffers in turn (a new logits buffer
-  each call: the step's launch list is replayed over it, never a graph);
-- `tpsample, capture + replay`: `Sampler.capture` once, then `replay()` (CUDA only).
-The two replaying columns need a sampler that reads its logits without writing them, so they
-skip the in-place (penalties) case.
-
-Anchors: `flashinfer` (per-row tensors as vLLM passes them, `bench.flashinfer.recipe`) and
-`flashinfer, top_k_max=50` (its top-k fast path, top-k cases, when its `topk` module built);
-`argmax().tolist()` for greedy.
+tpsample, every request seeded, `plan` + `sample` per call, tokens and logprobs read on the
+host: replay off (`auto_graph=False`); auto replay (past `replay.AFTER` identical calls the step
+is captured and replayed); a new buffer each call (two buffers in turn: the launch list is
+replayed, never a graph); capture + replay (`Sampler.capture`, CUDA only). The replaying columns
+skip the in-place (penalties) case. Anchors: FlashInfer as vLLM calls it (`flashinfer.recipe`),
+with `top_k_max` on top-k cases, and `argmax().tolist()` beside greedy.
 """
 from __future__ import annotations
 

@@ -2,25 +2,126 @@
 
 Sweep (no preset): for each strategy one engine is started (max_num_seqs = the largest batch)
 and warmed up; each batch size then runs B seeded top-k/top-p requests submitted together.
-Preset (`--preset`, see `engine_presets.py`): a realistic shape with random weights made on the
-device, one batch per strategy, plus transformers' `generate` as the reference where the preset
-asks for it. Per run: output tokens/s, mean time to first token, mean time per output token after
-the first, per-rank sampler peak, KV blocks, the most requests running at once, and (on CUDA)
-the decode steps' share of HBM bandwidth. Prints a table, saves a matplotlib plot (sweep), and
-ends with one JSON line.
+Presets (`PRESETS`, random weights made on the device, one batch per strategy, each engine in a
+process of its own on a GPU): `qwen2-1.5b` and `qwen2-7b` (those shapes, bf16, 64 requests x 128
+prompt tokens x 64 new tokens, TP = 1, transformers' `generate` on the same GPU and batch as the
+reference); `kv-bound` (the 7B-like shape at TP = 2 with long prompts, many requests and a memory
+cap that leaves a few GiB for the KV cache, so the sampler memory a strategy frees shows up as KV
+blocks, concurrent requests and tokens/s) and `tiny-kv-bound`, its CPU-sized twin (tests).
+Per run: output tokens/s, mean time to first token, mean time per output token after the first,
+per-rank sampler peak, KV blocks, the most requests running at once, and (on CUDA) the decode
+steps' share of HBM bandwidth: (weights + each sequence's K/V read per step) / decode step time,
+against the measured device-to-device copy bandwidth and the nominal 4.8 TB/s. Prints a table,
+saves a plot (sweep), and ends with one JSON line.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass, field
 
-from tpsample.bench.measure import copy_bandwidth
-from tpsample.bench.report import finish
+from tpsample.bench.report import copy_bandwidth, finish
 from tpsample.bench.report import print_table as print_whole
+from tpsample.parallel import names
 from tpsample.parallel.names import REPORT_ORDER as STRATEGIES
-from tpsample.testing.toy import QWEN2_VOCAB, make_random_checkpoint
+
+NOMINAL_HBM_BYTES_PER_S = 4.8e12      # H200 datasheet
+
+QWEN2_15B = dict(vocab_size=151_936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, intermediate_size=8960, tie_word_embeddings=True)
+QWEN2_7B = dict(vocab_size=152_064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False)
+TINY = dict(vocab_size=4096, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset:
+    shape: dict
+    tp: int = 1
+    num_requests: int = 64
+    prompt_len: int = 128
+    max_tokens: int = 64
+    dtype: str = "bfloat16"
+    headroom_bytes: int | None = None     # cap memory at weights + this (per rank); None: 0.9 of it
+    cpu_memory_bytes: int = 1 << 30
+    hf_reference: bool = True
+    strategies: tuple[str, ...] = ("auto",)
+    engine_options: dict = field(default_factory=dict)
+
+
+PRESETS = {
+    "qwen2-1.5b": Preset(shape=QWEN2_15B),
+    "qwen2-7b": Preset(shape=QWEN2_7B),
+    "kv-bound": Preset(shape=QWEN2_7B, tp=2, num_requests=256, prompt_len=2048, max_tokens=128,
+                       headroom_bytes=6 << 30, hf_reference=False,
+                       strategies=names.REPORT_ORDER),
+    "tiny-kv-bound": Preset(shape=TINY, tp=2, num_requests=12, prompt_len=100, max_tokens=6, dtype="float32",
+                            cpu_memory_bytes=5 << 20, hf_reference=False,
+                            strategies=names.FIXED,
+                            engine_options=dict(max_num_batched_tokens=256)),
+}
+
+
+def write_config(folder: str, shape: dict, dtype: str) -> str:
+    """A Qwen2 config.json (random weights come from load_format='dummy')."""
+    cfg = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_act="silu", rms_norm_eps=1e-6,
+               rope_theta=1e6, max_position_embeddings=32768, torch_dtype=dtype, eos_token_id=None,
+               bos_token_id=None, use_sliding_window=False, **shape)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def weights_bytes_per_rank(shape: dict, tp: int, dtype_bytes: int) -> int:
+    h, i, v, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_hidden_layers"]
+    d = h // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * d
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * i
+    embed = v * h * (1 if shape.get("tie_word_embeddings") else 2)
+    return (layers * per_layer + embed) * dtype_bytes // tp
+
+
+def memory_utilization(preset: Preset, device: str) -> float:
+    """The gpu_memory_utilization that caps each rank at weights + headroom (0.9 without a cap)."""
+    if preset.headroom_bytes is None or device != "cuda":
+        return 0.9
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    size = 2 if preset.dtype in ("bfloat16", "float16") else 4
+    return min(0.95, (weights_bytes_per_rank(preset.shape, preset.tp, size) + preset.headroom_bytes) / total)
+
+
+def hf_generate_tokens_per_s(folder: str, prompts: list[list[int]], max_tokens: int, dtype: str) -> float:
+    """transformers' generate on the same GPU and batch: seeded top-k/top-p, exactly max_tokens each."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    torch_dtype = getattr(torch, dtype)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype).eval()
+    ids = torch.tensor(prompts, device="cuda")
+    mask = torch.ones_like(ids)
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+        torch.cuda.synchronize()
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             **kwargs)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    num_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
+    del model, out
+    torch.cuda.empty_cache()
+    return num_out / wall
 
 
 def _requests(batch: int, prompt_len: int, max_tokens: int, vocab: int, seed: int):
@@ -73,7 +174,6 @@ def bench_strategy(folder: str, strategy: str, batch_sizes: list[int], *, tp: in
 
 
 def print_table(rows: list[dict], tp: int) -> None:
-    from tpsample.term import console
     from tpsample.term import table as make_table
 
     table = make_table(f"engine throughput and latency, TP={tp}",
@@ -83,33 +183,14 @@ def print_table(rows: list[dict], tp: int) -> None:
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in r["sampler_peak_bytes"])
         table.add_row(r["strategy"], str(r["batch"]), f"{r['tokens_per_s']:.1f}", f"{r['ttft_ms']:.1f}",
                       f"{r['tpot_ms']:.1f}", peaks, f"{r['kv_blocks']:,}")
-    console().print(table)
-
-
-def save_plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_tput, ax_tpot) = plt.subplots(1, 2, figsize=(10, 4))
-    for strategy in dict.fromkeys(r["strategy"] for r in rows):
-        mine = [r for r in rows if r["strategy"] == strategy]
-        ax_tput.plot([r["batch"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=strategy)
-        ax_tpot.plot([r["batch"] for r in mine], [r["tpot_ms"] for r in mine], marker="o", label=strategy)
-    for ax, label in ((ax_tput, "output tokens/s"), (ax_tpot, "time per output token (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(label)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    print_whole(table)
 
 
 def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes: list[int], device, dtype,
               prompt_len: int, max_tokens: int, kv_cache_tokens, cpu_memory_bytes: int, plot: str,
               out: str | None = None) -> dict:
+    from tpsample.testing.toy import QWEN2_VOCAB, make_random_checkpoint
+
     with tempfile.TemporaryDirectory() as tmp:
         folder = model or make_random_checkpoint(tmp, family="qwen2", vocab_size=QWEN2_VOCAB, hidden_size=64,
                                                  num_layers=2, tie_word_embeddings=True, init_std=0.5)
@@ -117,7 +198,9 @@ def run_bench(*, model: str | None, tp: int, strategies: list[str], batch_sizes:
             folder, s, batch_sizes, tp=tp, device=device, dtype=dtype or "float32", prompt_len=prompt_len,
             max_tokens=max_tokens, kv_cache_tokens=kv_cache_tokens, cpu_memory_bytes=cpu_memory_bytes)]
     print_table(rows, tp)
-    save_plot(rows, plot)
+    from tpsample.bench.plots import plot_engine
+
+    plot_engine(rows, plot)
     summary = {"bench": "engine", "tp": tp, "device": device or "auto", "prompt_len": prompt_len,
                "max_tokens": max_tokens, "plot": plot, "results": rows}
     return finish(summary, out, device)
@@ -128,17 +211,15 @@ def run_preset(name: str, *, strategies: list[str] | None, device: str | None, h
     """One batch of the preset per strategy (each in a fresh engine, closed before the next)."""
     from rich.progress import Progress
 
-    from tpsample.bench import engine_presets as bp
-
-    preset = bp.PRESETS[name]
+    preset = PRESETS[name]
     device = device or "cpu"
     tp = tp or preset.tp
     strategies = strategies or list(preset.strategies)
-    util = bp.memory_utilization(preset, device)
+    util = memory_utilization(preset, device)
     bandwidth = copy_bandwidth(device)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Progress(transient=True) as progress:
-        folder = bp.write_config(tmp, preset.shape, preset.dtype)
+        folder = write_config(tmp, preset.shape, preset.dtype)
         task = progress.add_task(f"bench engine {name}", total=len(strategies) + bool(hf_reference))
         isolate = device == "cuda"        # on a GPU each configuration runs in its own process
         for strategy in strategies:
@@ -178,16 +259,13 @@ def _isolated(fn: str, kwargs: dict):
 
 
 def hf_reference(folder: str, name: str) -> float:
-    from tpsample.bench import engine_presets as bp
-
-    preset = bp.PRESETS[name]
+    preset = PRESETS[name]
     prompts, _ = _requests(preset.num_requests, preset.prompt_len, preset.max_tokens, preset.shape["vocab_size"], 0)
-    return bp.hf_generate_tokens_per_s(folder, prompts, preset.max_tokens, preset.dtype)
+    return hf_generate_tokens_per_s(folder, prompts, preset.max_tokens, preset.dtype)
 
 
 def preset_run(folder: str, name: str, strategy: str, tp: int, device: str, util: float, bandwidth) -> dict:
     """One engine of the preset: warm-up, then the timed batch; the engine is closed on return."""
-    from tpsample.bench.engine_presets import NOMINAL_HBM_BYTES_PER_S, PRESETS
     from tpsample.llm import LLM
 
     preset = PRESETS[name]

@@ -1,22 +1,11 @@
-"""FlashInfer as the anchor of `bench sampler --compare`: its calls as vLLM makes them, and
-whether its JIT modules build here.
+"""FlashInfer as the anchor of `bench sampler --compare`: its calls as vLLM makes them
+(`recipe`), and whether its JIT modules build here (`build`).
 
-`build(timeout_s)`: FlashInfer compiles a module on first use. Each module this bench calls
-(`sampling`; `topk`, which the `top_k_max` fast path needs) is built in a child process with a
-time limit (the whole process group is killed when it runs out, nvcc included); the result per
-module is "ok" with the seconds it took, or why not. Built modules load from FlashInfer's cache
-afterwards, so the measured process never compiles. `python -m tpsample.bench.flashinfer
---timeout S --out PATH` builds them ahead (a script can do it while other work runs) and writes
-the status that `bench sampler --compare --flashinfer-status PATH` then reads (`load_status`).
-
-`recipe(params, x, top_k_max)`: the call an engine makes for the case's parameters, per-row
-tensors (built once, outside the timed calls): penalties in torch over bin counts (vLLM v1's
-`apply_penalties`, FlashInfer has none), raw logprobs as `log_softmax` of the logits before
-anything changes them, temperature divided in place (`x.div_(t[:, None])`, as vLLM does), then
-vLLM's FlashInfer calls: top-k + top-p `top_k_top_p_sampling_from_logits` (with `top_k_max`
-its radix top-k fast path); top-p, top-k or min-p alone `softmax` and the `*_from_probs` op;
-temperature alone `sampling_from_logits`; per-row seeds and offsets, `deterministic=True`.
-None when FlashInfer has no such op (greedy has `argmax` instead; other samplers none).
+FlashInfer compiles a module on first use; each module this bench calls is built in a child
+process with a time limit (its process group, nvcc included, is killed when it runs out), so
+the measured process only loads from FlashInfer's cache. `python -m tpsample.bench.flashinfer
+--timeout S --out PATH` builds them ahead and writes the status that `bench sampler --compare
+--flashinfer-status PATH` reads (`load_status`).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ wall_us, extra_mib; see `bench.compare.run`) as one small panel per case, wall t
 memory each implementation needs at the largest row count (the most over the cases, log scale).
 `plot_tp(results, path)`: `bench sampler` results (strategy, tp, rows, vocab, workload, logits,
 peak_bytes, bytes) as per-rank peak sampler memory and bytes moved against TP per fixed strategy.
-Both write a PNG; matplotlib is imported on first use, with the Agg backend (no display).
+`plot_engine(rows, path)`: `bench engine`'s sweep, tokens/s and time per output token against
+the batch size. Each writes a PNG; matplotlib is imported on first use, with the Agg backend (no display).
 
 From a saved report (the bench's JSON line, or a file holding it):
 `python -m tpsample.bench.plots compare docs/data/compare_h200_2026-12-05.json compare.png`
@@ -20,7 +21,7 @@ import sys
 
 from .workloads import CASES
 
-# implementation -> (label, colour, marker), in legend order (the last ones: names of older reports)
+# implementation -> (label, colour, marker), in legend order
 IMPLS = {
     "tpsample, capture + replay": ("tpsample, capture + replay", "#1f77b4", "o"),
     "tpsample, auto replay": ("tpsample, automatic replay", "#17becf", "P"),
@@ -29,19 +30,8 @@ IMPLS = {
     "flashinfer": ("FlashInfer", "#d62728", "D"),
     "flashinfer, top_k_max=50": ("FlashInfer, top_k_max=50", "#ff9896", "d"),
     "argmax().tolist()": ("argmax().tolist()", "#ff7f0e", "X"),
-    "tpsample graph": ("tpsample, CUDA graph", "#1f77b4", "o"),
-    "tpsample eager": ("tpsample, eager", "#2ca02c", "s"),
-    "tpsample eager, new buffer": ("tpsample, eager, new buffer", "#98df8a", "v"),
-    "tpsample ops": ("tpsample ops (stateless)", "#9467bd", "*"),
-    "torch_sort": ("torch sort", "#7f7f7f", "^"),
-    "torch_multinomial": ("torch multinomial", "#8c564b", "P"),
-    "argmax": ("argmax().tolist()", "#ff7f0e", "X"),
 }
-# case -> title, for reports whose rows carry no "title" (older ones)
-CASE_TITLES = {
-    **{c.name: c.title for c in CASES},
-    "topp_minp": "T 0.7, top-p 0.9 + min-p 0.05", "topk_topp_pen": "top-k + top-p, penalties",
-}
+CASE_TITLES = {c.name: c.title for c in CASES}     # for rows that carry no "title"
 STRATEGY_STYLE = {"replicated": ("#ff7f0e", "o"), "batch_sharded": ("#1f77b4", "s"),
                   "vocab_parallel": ("#2ca02c", "D")}
 MIB = 2**20
@@ -201,6 +191,25 @@ def plot_tp(results: list[dict], path: str) -> None:
         ax.grid(alpha=0.3)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False)
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_engine(rows: list[dict], path: str) -> None:
+    """Write the `bench engine` sweep's PNG to path: tokens/s and time per output token against the
+    batch size, one line per strategy."""
+    plt = _pyplot()
+    fig, (ax_tput, ax_tpot) = plt.subplots(1, 2, figsize=(10, 4))
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == strategy]
+        ax_tput.plot([r["batch"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=strategy)
+        ax_tpot.plot([r["batch"] for r in mine], [r["tpot_ms"] for r in mine], marker="o", label=strategy)
+    for ax, label in ((ax_tput, "output tokens/s"), (ax_tpot, "time per output token (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
     plt.close(fig)
 
 

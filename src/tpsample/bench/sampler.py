@@ -13,8 +13,10 @@ per step less the events of collectives (copies between host and device, NCCL ke
 only); the sampler's peak memory above its inputs (CUDA: the allocator's peak in one more step;
 CPU: counted); bytes sent + received; the collectives the strategy issued in a step; and the rows
 that took vocab_parallel's exact top-p path (`last_stats.exact_rows`, summed over the timed
-steps). Prints a table (`sampler_table`), writes the plot and the JSON (`--out`, rewritten after
-every TP size), and ends with one JSON line.
+steps). Prints two tables, writes the plot and the JSON (`--out`, rewritten after
+every TP size), and ends with one JSON line. The tables: per case the slowest rank's figures
+(`tp_table`, its device time also as a ratio to TP = 1), and auto's choice beside the three fixed
+strategies' times (`auto_table`).
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ import time
 
 import torch
 
-from . import measure
-from .report import finish, metadata, write
+from ..parallel.names import REPORT_ORDER as STRATEGIES
+from ..term import table
+from .report import cell, device_us, finish, host_copy_or_nccl, is_cuda, metadata, print_table, sync, write
 from .workloads import WORKLOADS
 
 DEVICE_STEPS = 3          # profiled steps per case (every rank the same ones)
@@ -74,19 +77,19 @@ class _Case:
         return lambda: None
 
     def step(self, timed: bool) -> None:
-        measure.sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         self.call()
-        measure.sync(self.device)
+        sync(self.device)
         if timed:
             self.times.append(time.perf_counter() - t0)
             self.exact += self.s.last_stats.exact_rows
 
     def result(self, device_steps: int) -> dict:
         """Device time (every rank profiles the same steps), then one step for the allocator's peak."""
-        dev_us = measure.device_us(self.call, device_steps, self.device, exclude=measure.host_copy_or_nccl)
+        dev_us = device_us(self.call, device_steps, self.device, exclude=host_copy_or_nccl)
         st = self.s.last_stats
-        self.s.profile_memory = measure.is_cuda(self.device)
+        self.s.profile_memory = is_cuda(self.device)
         self.step(False)
         return {"strategy": self.strategy, "workload": self.workload, "logits": self.logits, "resolved": st.strategy,
                 "rows": self.rows, "vocab": self.vocab, "ms": 1e3 * statistics.median(self.times),
@@ -150,7 +153,7 @@ def run(args, report: dict | None = None) -> list[dict]:
     import multiprocessing as mp
     import queue as queues
 
-    from .progress import progress
+    from .report import progress
     cases = cases_of(args)
     shapes = len({c[1:] for c in cases})
     results = []
@@ -194,13 +197,62 @@ def _merge(tp, backend, cases, per_rank) -> list[dict]:
     return rows
 
 
+def _tp1_device_us(results: list[dict]) -> dict:
+    """(workload, rows, vocab, logits) -> the smallest TP = 1 device time (every strategy is the
+    same sampler at TP = 1)."""
+    best: dict = {}
+    for r in results:
+        if r["tp"] == 1 and r.get("device_us") is not None:
+            key = (r["workload"], r["rows"], r["vocab"], r["logits"])
+            best[key] = min(best.get(key, float("inf")), r["device_us"])
+    return best
+
+
+def tp_table(results: list[dict], args):
+    vocabs = sorted({r["vocab"] for r in results})
+    one_vocab = len(vocabs) == 1
+    title = (f"tpsample bench sampler ({args.device}, fp32, {args.threads} thread(s)/rank"
+             + (f", V {vocabs[0]:,}" if one_vocab else "") + "; per step, slowest rank)")
+    cols = ["tp", "strategy", "workload", "logits", "rows"] + ([] if one_vocab else ["vocab"]) + [
+        "ms", "dev us", "x TP1", "colls", "B/row", "peak\nKiB/row", "exact\nrows"]
+    t = table(title, cols, left=("strategy", "workload", "logits"))
+    tp1 = _tp1_device_us(results)
+    for r in results:
+        name = r["strategy"] if r["strategy"] != "auto" else f"auto->{r['resolved']}"
+        base = tp1.get((r["workload"], r["rows"], r["vocab"], r["logits"]))
+        ratio = r["device_us"] / base if base and r.get("device_us") is not None else None
+        t.add_row(str(r["tp"]), name, r["workload"], r["logits"], str(r["rows"]),
+                  *([] if one_vocab else [str(r["vocab"])]), f"{r['ms']:.2f}", cell(r.get("device_us"), ".0f"),
+                  cell(ratio, ".2f"), str(r["rounds"]), f"{r['bytes_per_row']:.0f}",
+                  f"{r['peak_bytes_per_row'] / 1024:.1f}", f"{r['exact_rows']}/{r['exact_rows_of']}")
+    return t
+
+
+def auto_table(results: list[dict]):
+    """auto's choice next to every fixed strategy's measured time, per shape: the fixed run of
+    the chosen strategy, and auto's own run of it, each against the fastest fixed strategy."""
+    shapes: dict = {}
+    for r in results:
+        shapes.setdefault((r["tp"], r["workload"], r["logits"], r["rows"], r["vocab"]), {})[r["strategy"]] = r
+    shapes = {k: v for k, v in shapes.items() if len(v) == 4 and k[0] > 1}
+    if not shapes:
+        return None
+    t = table("auto: its choice next to every fixed strategy (ms per step, slowest rank)",
+              ["tp", "workload", "logits", "rows", "vocab", "repl.", "batch", "vocab\npar.", "auto ->", "auto\nms",
+               "chosen /\nfastest", "auto /\nfastest"], left=("workload", "logits", "auto ->"))
+    for (tp, w, kind, rows, vocab), v in sorted(shapes.items()):
+        fixed = {s: v[s]["ms"] for s in STRATEGIES[:3]}
+        choice, best = v["auto"]["resolved"], min(fixed.values())
+        t.add_row(str(tp), w, kind, str(rows), str(vocab), *(f"{fixed[s]:.2f}" for s in STRATEGIES[:3]), choice,
+                  f"{v['auto']['ms']:.2f}", f"{fixed[choice] / best:.2f}", f"{v['auto']['ms'] / best:.2f}")
+    return t
+
+
 def main(args) -> None:
     if getattr(args, "compare", False):
         from . import compare
         compare.main(args)
         return
-    from .report import print_table
-    from .sampler_table import auto_table, tp_table
     report = {"bench": "sampler", "device": args.device, "logits": list(args.logits), "threads": args.threads,
               "steps": args.steps, "meta": metadata(args.device)}
     results = run(args, report)

@@ -39,7 +39,10 @@ def _one_line(exc: BaseException) -> str:
 def main(argv=None) -> int:
     from ..term import quiet_third_party
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:           # --help (0), or a bad option already printed as one line (2)
+        return exc.code if isinstance(exc.code, int) else 2
     quiet_third_party()
     try:
         extras.require(extras.command_name(args))

@@ -66,6 +66,14 @@ def real(text: str) -> float:
     return value
 
 
+def positive_real(text: str) -> float:
+    """An option type: a finite number > 0."""
+    value = real(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def csv_ints(lo: int, what: str = "integers"):
     """An option type: comma-separated integers >= lo (at least one)."""
     def parse(text: str) -> list[int]:

@@ -16,15 +16,13 @@ from ..parallel import names
 from .args import (
     UsageError,
     check_device,
-    check_gpus_for_ranks,
-    check_tp_splits,
     check_writable_file,
     csv_choices,
     csv_ints,
     int_at_least,
-    read_model_config,
+    positive_real,
 )
-from .engine_opts import DTYPES, check_checkpoint_folder
+from .engine_opts import DTYPES, add_engine_args, check_model, open_llm
 
 STRATEGIES = names.REPORT_ORDER
 # The random model bench engine builds when --model is not given (bench.engine).
@@ -150,8 +148,7 @@ def _check_kernels(args) -> None:
     check_device(args.device)
     if importlib.util.find_spec("triton") is None:
         raise UsageError("bench kernels needs triton (pip install triton)")
-    from ..bench.kernel_sweep import VARIANTS
-    from ..bench.kernels import CONFIGS
+    from ..bench.kernels import CONFIGS, VARIANTS
     from ..bench.kernels import DTYPES as KERNEL_DTYPES
 
     for option, given, known in (("--configs", args.configs, CONFIGS), ("--dtypes", args.dtypes, KERNEL_DTYPES),
@@ -166,17 +163,17 @@ def _check_kernels(args) -> None:
 
 
 def _run_kernels(args) -> int:
-    from ..bench import kernel_sweep, kernels
+    from ..bench import kernels
 
     if args.sweep is not None:
-        kernel_sweep.run_sweep(args)
+        kernels.run_sweep(args)
     else:
         kernels.run_bench_kernels(args)
     return 0
 
 
 def _engine_parser(what) -> None:
-    from ..bench.engine_presets import PRESETS
+    from ..bench.engine import PRESETS
 
     p = what.add_parser("engine", help="engine throughput and latency per strategy, or a realistic preset")
     p.add_argument("--preset", choices=list(PRESETS), default=None,
@@ -212,20 +209,15 @@ def _check_engine(args) -> None:
     if args.out:
         check_writable_file(args.out, "--out")
     if args.preset is not None:
-        from ..bench.engine_presets import PRESETS
+        from ..bench.engine import PRESETS
 
         preset = PRESETS[args.preset]
         args.tp = args.tp or preset.tp
-        check_gpus_for_ranks(args.device, args.tp)
-        check_tp_splits(preset.shape, args.tp, f"preset {args.preset}")
+        check_model(None, [args.tp], args.device, default=preset.shape, default_name=f"preset {args.preset}")
         return
     args.tp, args.strategies = args.tp or 2, args.strategies or list(STRATEGIES)
     check_writable_file(args.plot, "--plot")
-    check_gpus_for_ranks(args.device, args.tp)
-    config = read_model_config(args.model) if args.model is not None else BUILTIN_MODEL
-    if args.model is not None:
-        check_checkpoint_folder(args.model)
-    check_tp_splits(config, args.tp, args.model or "the built-in model")
+    check_model(args.model, [args.tp], args.device, default=BUILTIN_MODEL, default_name="the built-in model")
 
 
 def _run_engine(args) -> int:
@@ -245,8 +237,24 @@ def _run_engine(args) -> int:
 
 
 def _serve_parser(what) -> None:
-    from . import serve_commands as commands
-
     p = what.add_parser("serve", help="concurrent clients against the server: requests/s, TTFT and TPOT percentiles")
-    commands.add_bench_serve_args(p)
-    p.set_defaults(check=lambda args: None, run=lambda args: commands.run_bench_serve(args) and 0)
+    add_engine_args(p, max_num_seqs=64)
+    p.add_argument("--url", default=None,
+                   help="benchmark a running server instead, e.g. http://127.0.0.1:8000 (default: start one)")
+    p.add_argument("--clients", type=int_at_least(1), default=8, help="concurrent clients")
+    p.add_argument("--duration", type=positive_real, default=20.0, help="seconds to keep sending")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=32, help="tokens per answer")
+    _out_option(p)
+    p.set_defaults(check=_check_out, run=_run_serve)
+
+
+def _check_out(args) -> None:
+    if args.out:
+        check_writable_file(args.out, "--out")
+
+
+def _run_serve(args) -> int:
+    from ..bench.serve import run_bench
+
+    run_bench(args, open_llm)
+    return 0

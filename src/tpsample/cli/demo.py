@@ -6,8 +6,8 @@ the options, their checks, the progress shown while each part runs, and the clos
 """
 from __future__ import annotations
 
-from .args import check_device, check_gpus_for_ranks, check_tp_splits, csv_ints, int_at_least, read_model_config
-from .engine_opts import check_checkpoint_folder
+from .args import check_device, csv_ints, int_at_least
+from .engine_opts import check_model
 
 # SmolLM2-135M-Instruct's shape (the default engine model; its offline stand-in splits alike)
 DEFAULT_MODEL = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
@@ -35,13 +35,8 @@ def register(sub) -> None:
 def check(args) -> None:
     check_device(args.device)
     if args.part in ("all", "engine"):
-        config = (read_model_config(args.engine_model, "--engine-model") if args.engine_model is not None
-                  else DEFAULT_MODEL)
-        if args.engine_model is not None:
-            check_checkpoint_folder(args.engine_model)
-        for tp in args.engine_tp or [1]:
-            check_gpus_for_ranks(args.device, tp)
-            check_tp_splits(config, tp, args.engine_model or "the default model (SmolLM2-135M-Instruct)")
+        check_model(args.engine_model, args.engine_tp or [1], args.device, option="--engine-model",
+                    default=DEFAULT_MODEL, default_name="the default model (SmolLM2-135M-Instruct)")
 
 
 def run(args) -> int:

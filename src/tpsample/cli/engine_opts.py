@@ -1,46 +1,66 @@
-"""Option groups shared by the commands that run the engine on a checkpoint (generate, and
-any command serving a model): the engine's options, the sampling options, and their checks.
+"""The option groups of the commands that run the engine (generate, serve, chat, bench serve):
+the engine's options, the sampling options, and their checks.
 
-`add_engine_args(p)` / `check_engine_args(args)` / `llm_from_args(args)`;
+`add_engine_args(p, ...)` / `check_engine_args(args)` / `open_llm(args)`;
 `add_sampling_args(p)` / `sampling_params_from_args(args, vocab_size)`;
 `check_checkpoint_folder(folder)`: config.json and the checkpoint's tensors, checked before any
 work starts (also for `bench engine --model` and `demo --engine-model`).
 """
 from __future__ import annotations
 
+import os
+
 from ..parallel import names
 from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
 
 STRATEGIES = names.ALL
 DTYPES = ("float32", "float16", "bfloat16")
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
-def add_engine_args(p, *, model_required: bool = True) -> None:
+def add_engine_args(p, *, positional_model: bool = False, max_num_seqs: int = 256,
+                    speculative: bool = False) -> None:
+    """The model (`--model DIR`, or a positional folder) and the engine's options; without a
+    model the default one is fetched once."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", metavar="DIR", required=model_required, default=None,
-                   help="local HF checkpoint folder (config.json + *.safetensors [+ tokenizer files])"
-                        + ("" if model_required else "; default: SmolLM2-135M-Instruct, fetched once"))
+    model_help = (f"local HF checkpoint folder (config.json + *.safetensors [+ tokenizer files]); default: "
+                  f"{DEFAULT_MODEL}, fetched once")
+    if positional_model:
+        p.add_argument("model", nargs="?", default=None, help=model_help)
+    else:
+        g.add_argument("--model", metavar="DIR", default=None, help=model_help)
     g.add_argument("--tp", metavar="N", type=int_at_least(1), default=1,
                    help="tensor-parallel ranks (one process each)")
     g.add_argument("--strategy", choices=STRATEGIES, default="auto", help="sampling strategy across ranks")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when there is one GPU per rank, else cpu")
     g.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: the checkpoint's)")
-    g.add_argument("--max-num-seqs", metavar="N", type=int_at_least(1), default=256, help="requests running at once")
+    g.add_argument("--max-num-seqs", metavar="N", type=int_at_least(1), default=max_num_seqs,
+                   help="requests running at once")
     g.add_argument("--max-model-len", metavar="TOKENS", type=int_at_least(1), default=None,
                    help="prompt + output tokens per request (default: the model's, capped by the KV cache)")
     g.add_argument("--kv-cache-tokens", metavar="TOKENS", type=int_at_least(1), default=None,
                    help="fix the KV cache capacity, in tokens (default: sized from free memory)")
-    g.add_argument("--speculative-ngram", metavar="N", type=int_at_least(1), default=None,
-                   help="n-gram draft tokens per step (default: no speculative decoding)")
+    if speculative:
+        g.add_argument("--speculative-ngram", metavar="N", type=int_at_least(1), default=None,
+                       help="n-gram draft tokens per step (default: no speculative decoding)")
 
 
 def check_engine_args(args) -> dict:
     """Checks before anything starts; returns the checkpoint's config.json."""
-    config = read_model_config(args.model)
-    check_checkpoint_folder(args.model)
-    check_tp_splits(config, args.tp, args.model)
-    check_gpus_for_ranks(args.device, args.tp)
+    return check_model(args.model, [args.tp], args.device)
+
+
+def check_model(folder: str | None, tp_sizes, device, *, option: str = "--model", default: dict | None = None,
+                default_name: str = "") -> dict:
+    """The checkpoint folder (or, without one, the `default` model's config) and that every TP
+    size splits it with a GPU per rank on cuda; returns its config.json."""
+    config = read_model_config(folder, option) if folder is not None else default
+    if folder is not None:
+        check_checkpoint_folder(folder)
+    for tp in tp_sizes:
+        check_gpus_for_ranks(device, tp)
+        check_tp_splits(config, tp, folder or default_name)
     return config
 
 
@@ -52,12 +72,18 @@ def check_checkpoint_folder(folder: str) -> None:
     check_checkpoint(folder, ModelConfig.from_folder(folder))
 
 
-def llm_from_args(args):
+def open_llm(args, console=None):
+    """(LLM, model name) from the engine options; the default model is resolved (fetched) first."""
+    from ..engine.default_model import resolve_model
     from ..llm import LLM
+    from ..term import quiet_third_party
 
-    return LLM(args.model, tensor_parallel_size=args.tp, strategy=args.strategy, device=args.device,
-               dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-               speculative_ngram=args.speculative_ngram, kv_cache_tokens=args.kv_cache_tokens)
+    quiet_third_party()
+    folder, _ = resolve_model(args.model, console)
+    llm = LLM(folder, tensor_parallel_size=args.tp, strategy=args.strategy, device=args.device, dtype=args.dtype,
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              speculative_ngram=getattr(args, "speculative_ngram", None), kv_cache_tokens=args.kv_cache_tokens)
+    return llm, os.path.basename(os.path.normpath(folder))
 
 
 def add_sampling_args(p) -> None:
@@ -90,20 +116,15 @@ def add_sampling_args(p) -> None:
 
 
 def sampling_params_from_args(args, vocab_size: int):
-    """SamplingParams from the options (ValueError naming the field for a bad value)."""
-    from ..params import SamplingParams
-
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            seed=args.seed, logprobs=args.logprobs, max_tokens=args.max_tokens,
-                            stop=getattr(args, "stop", None), dry_multiplier=args.dry_multiplier,
-                            dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
-                            dry_penalty_last_n=args.dry_penalty_last_n,
-                            dry_sequence_breakers=args.dry_sequence_breakers, top_n_sigma=args.top_n_sigma,
-                            xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold)
+    """SamplingParams from every option named after one of its fields (ValueError naming the
+    field for a bad value)."""
     import dataclasses
 
     from ..engine.config import EngineConfig
+    from ..params import SamplingParams
 
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams) if hasattr(args, f.name)}
+    params = SamplingParams(**given)
     max_logprobs = EngineConfig.__dataclass_fields__["max_logprobs"].default
     # the breaker strings are mapped to token ids with the tokenizer when the LLM runs them
     checked = dataclasses.replace(params, dry_sequence_breakers=None).validate_for_vocab(vocab_size, max_logprobs)

@@ -7,7 +7,7 @@ import importlib.util
 import json
 
 from .args import UsageError
-from .engine_opts import add_engine_args, add_sampling_args, check_engine_args, llm_from_args, sampling_params_from_args
+from .engine_opts import add_engine_args, add_sampling_args, check_engine_args, open_llm, sampling_params_from_args
 
 
 def token_ids(text: str) -> list[int]:
@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="apply the model's chat template: each --prompt is a user message")
     p.add_argument("--stop", metavar="TEXT", action="append", default=None,
                    help="a stop string (repeatable; default: none)")
-    add_engine_args(p, model_required=False)
+    add_engine_args(p, speculative=True)
     add_sampling_args(p)
     guided = p.add_argument_group("structured output (needs a tokenizer and xgrammar)")
     one = guided.add_mutually_exclusive_group()
@@ -104,7 +104,7 @@ def run(args) -> int:
     prompts = list(args.prompt) + list(args.prompt_ids)
     stream = _text_printer(len(prompts)) if args.stream else None
     with phase(f"starting the engine (TP={args.tp})"):
-        llm = llm_from_args(args)
+        llm, _ = open_llm(args)
 
     def go(**kw):
         if args.chat:

@@ -17,9 +17,9 @@ own per-request state (per-slot tensors gathered each step, or a batch's paramet
   TP = 1 compiles with `torch.compile(fullgraph=True)` and records into a CUDA graph.
 
 Submodules: `args` (checks, broadcasting), `table` (per-row tables standing in for the
-Sampler's request store), `run` (which path samples), `impl` (the ops' bodies), `library`
-(registration), `api` (sample, verify_drafts), `processors`. The facade layer: never imported
-by anything below it; imports no engine, model or transformers code.
+Sampler's request store, and which path samples), `impl` (the ops' bodies and their
+registration), `direct` (the kernel route), `api` (sample, verify_drafts), `processors`. The
+facade layer: imports no engine, model or transformers code.
 """
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
 """`sample` and `verify_drafts`: the Sampler's sampling as functions of per-row tensors.
 
-Contract:
-- in: this rank's logits `[rows, V_r]` (fp32 / bf16 / fp16; columns `vocab_shard(V, TP, rank)`,
-  the whole vocabulary at TP = 1) and each row's parameters (a scalar for every row, or a `[rows]`
-  tensor): temperature (0 = greedy), top_k, top_p, min_p, seeds and positions (int64).
-- out: frozen results, identical on every rank: `Sampled` / `Verified`.
-- semantics: docs/semantics.md steps 1, 2, 6-12 (the processors of steps 3-5 are separate ops);
-  the noise is keyed by (seed, position, token id) as the Sampler keys a request's row at
-  `prompt_len + num_generated`, so a row's token never depends on its index, the other rows, the
-  strategy or TP. Same code as the Sampler: a `RowTable` stands in for its request store.
-- checks: every argument on the host before any kernel or collective (`ops.args`); all ranks
-  must pass the same values (then every rank raises alike and none waits in a collective).
-- TP = 1 (group None or of size 1): inside a torch.compile trace one `torch.ops.tpsample.sample`
-  call (an opaque node); eager, that op's body called directly (the same code, without the
-  dispatcher's layers); either records in a CUDA graph. On a kernel device without a bitmask
-  or processed logprobs, repeated calls of one shape replay their launch list (`ops.direct`,
-  recorded under `replay.launch_at`).
-  TP > 1: eager, the Sampler's strategies.
+The same code as the Sampler (docs/semantics.md steps 1, 2, 6-12; the processors of steps 3-5
+are ops of their own), a `RowTable` standing in for its request store, so the noise is keyed by
+(seed, position, token id) and a row's token never depends on its index, the other rows, the
+strategy or TP. Every argument is checked on the host before any kernel or collective
+(`ops.args`); all ranks must pass the same values, so every rank raises alike and none waits in
+a collective. TP = 1: inside a torch.compile trace one `torch.ops.tpsample.sample` call (an
+opaque node), eager its body called directly; either records in a CUDA graph, and on a kernel
+device repeated calls of one shape replay their launch list (`ops.direct`). TP > 1: eager, the
+Sampler's strategies.
 """
 from __future__ import annotations
 
@@ -37,10 +29,10 @@ from ..sampling.output import LogprobsOutput
 from ..state.rows import HostRows
 from ..validation import check_draft_probs, check_drafts
 from . import args as A
-from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
+from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .impl import host_params, sample_impl
-from .run import choose, sample_tp
-from .table import RowTable, hints_to_bits
+
+from .table import RowTable, choose, hints_to_bits, sample_tp
 
 MAX_DRAFTS = 63          # per request, as the Sampler's max_num_logits_per_req <= 64
 OPS_LOGPROBS_MODES = ("raw", "processed", "raw_logprobs", "processed_logprobs")

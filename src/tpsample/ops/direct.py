@@ -2,8 +2,8 @@
 straight from the per-row tensors, and after a site's first call from its launch list.
 
 Contract:
-- `sample_direct(x, params, hints, num_logprobs)`: `run.sample_full`'s six tensors for full rows
-  on a kernel device (`run.kernel_path`) with no bitmask and raw logprobs or none. params: the
+- `sample_direct(x, params, hints, num_logprobs)`: `table.sample_full`'s six tensors for full rows
+  on a kernel device (`table.kernel_path`) with no bitmask and raw logprobs or none. params: the
   six per-row tensors (T, top-k, top-p, min-p, seeds, positions) in any dtype and layout, not
   yet normalised. The same kernels and inputs as the Sampler's kernel path: one launch that
   normalises the parameters and keys the noise, the sampling launches, with logprobs the

@@ -1,8 +1,15 @@
-"""The ops' bodies over tensors and ints only (what the torch.library ops run; no validation).
+"""The ops' bodies over tensors and ints only, registered as torch.library custom ops with fake
+(meta) implementations: `torch.ops.tpsample.sample`, `apply_penalties`, `apply_dry`,
+`apply_bias`, `apply_bitmask` and `logprobs`, when `tpsample.ops` is imported.
 
-Contract (arguments already checked by the public wrappers in `ops.api` / `ops.processors`):
+Contract (arguments already checked by the public wrappers in `ops.api` / `ops.processors`,
+which broadcast scalars to per-row tensors and pick the hints; the raw ops do not validate):
+- schemas hold tensors and scalars only, so torch.compile traces a call as one opaque node
+  (`fullgraph=True` holds) and a CUDA graph records the kernels it launches; the fakes give each
+  output's shape and dtype from the inputs' alone (the logprob width is an int argument).
+  Every op is functional (`mutates_args=()`); collectives are never inside an op.
 - `sample_impl`: per-row tensors (temperature, top-k, top-p, min-p as given, seeds, positions)
-  -> `run.sample_full`'s six tensors (`direct.sample_direct` on a kernel device without a
+  -> `table.sample_full`'s six tensors (`direct.sample_direct` on a kernel device without a
   bitmask or processed logprobs: the same kernels and inputs, launched without the tables).
   Normalises as the Sampler stores a request, reads the rows' parameters on the host only
   where the torch pipeline decides from them (CPU tensors: free; a device: one copy), else
@@ -21,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..numerics import NEG_INF, row_chunks
 from ..sampling import processors as P
@@ -32,8 +40,7 @@ from ..sampling.reducer import LocalRows
 from ..sampling.scatter import PaddedRows
 from .args import normalise
 from .direct import sample_direct
-from .run import kernel_path, needs_host_values, sample_full
-from .table import RowTable
+from .table import RowTable, kernel_path, needs_host_values, sample_full
 
 
 def host_params(temperature, top_k, top_p, min_p) -> dict:
@@ -135,3 +142,85 @@ def logprobs_impl(logits, token_ids, top_n: int, col_start: int, red=None):
     l = fp32_copy(logits)
     P.mask_nans(l, row_chunks(rows, cols, l.device))
     return row_logprobs(l, tokens, top_n, col_start, red)
+
+
+Six = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+Three = tuple[Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op("tpsample::sample", mutates_args=())
+def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, seeds: Tensor,
+           positions: Tensor, bitmask: Optional[Tensor], num_logprobs: int, processed: bool, hints: int) -> Six:
+    """(tokens [R] int64, fallback [R] bool, num_nans [R] int64, lp_ids [R, W] int64,
+    lp_vals [R, W] fp32, lp_ranks [R] int64), W = num_logprobs + 1 (0 when num_logprobs < 0)."""
+    return sample_impl(logits, temperature, top_k, top_p, min_p, seeds, positions, bitmask,
+                            num_logprobs, processed, hints)
+
+
+@sample.register_fake
+def _(logits, temperature, top_k, top_p, min_p, seeds, positions, bitmask, num_logprobs, processed, hints):
+    rows = logits.shape[0]
+    width = num_logprobs + 1 if num_logprobs >= 0 else 0
+    i64 = torch.int64
+    return (logits.new_empty((rows,), dtype=i64), logits.new_empty((rows,), dtype=torch.bool),
+            logits.new_empty((rows,), dtype=i64), logits.new_empty((rows, width), dtype=i64),
+            logits.new_empty((rows, width), dtype=torch.float32), logits.new_empty((rows,), dtype=i64))
+
+
+def _fp32_like(logits: Tensor) -> Tensor:
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("tpsample::apply_penalties", mutates_args=())
+def apply_penalties(logits: Tensor, output_ids: Tensor, prompt_ids: Optional[Tensor], repetition: Tensor,
+                    frequency: Tensor, presence: Tensor, col_start: int) -> Tensor:
+    return penalties_impl(logits, output_ids, prompt_ids, repetition, frequency, presence, col_start)
+
+
+@apply_penalties.register_fake
+def _(logits, output_ids, prompt_ids, repetition, frequency, presence, col_start):
+    return _fp32_like(logits)
+
+
+@torch.library.custom_op("tpsample::apply_dry", mutates_args=())
+def apply_dry(logits: Tensor, context: Tensor, single: Tensor, multi: Tensor, multiplier: Tensor, base: Tensor,
+              allowed: Tensor, last_n: Tensor, max_exp: Tensor, col_start: int) -> Tensor:
+    return dry_impl(logits, context, single, multi, multiplier, base, allowed, last_n, max_exp, col_start)
+
+
+@apply_dry.register_fake
+def _(logits, context, single, multi, multiplier, base, allowed, last_n, max_exp, col_start):
+    return _fp32_like(logits)
+
+
+@torch.library.custom_op("tpsample::apply_bias", mutates_args=())
+def apply_bias(logits: Tensor, token_ids: Tensor, values: Tensor, col_start: int) -> Tensor:
+    return bias_impl(logits, token_ids, values, col_start)
+
+
+@apply_bias.register_fake
+def _(logits, token_ids, values, col_start):
+    return _fp32_like(logits)
+
+
+@torch.library.custom_op("tpsample::apply_bitmask", mutates_args=())
+def apply_bitmask(logits: Tensor, bitmask: Tensor, col_start: int) -> Tensor:
+    return bitmask_impl(logits, bitmask, col_start)
+
+
+@apply_bitmask.register_fake
+def _(logits, bitmask, col_start):
+    return _fp32_like(logits)
+
+
+@torch.library.custom_op("tpsample::logprobs", mutates_args=())
+def logprobs(logits: Tensor, token_ids: Tensor, top_n: int, col_start: int) -> Three:
+    """Full rows only (TP = 1): (ids [R, 1 + n], logprobs [R, 1 + n] fp32, ranks [R])."""
+    return logprobs_impl(logits, token_ids, top_n, col_start)
+
+
+@logprobs.register_fake
+def _(logits, token_ids, top_n, col_start):
+    rows = logits.shape[0]
+    return (logits.new_empty((rows, 1 + top_n), dtype=torch.int64),
+            logits.new_empty((rows, 1 + top_n), dtype=torch.float32), logits.new_empty((rows,), dtype=torch.int64))

@@ -29,7 +29,7 @@ from ..params import MAX_DRY_BREAKER_LEN
 from ..sampling.dry import FLOAT_MAX_LOG, max_exponent
 from ..sampling.output import LogprobsOutput
 from . import args as A
-from . import library  # noqa: F401  (registers torch.ops.tpsample.*)
+from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .api import check_vocab, resolve_group
 from .impl import logprobs_impl
 

@@ -1,20 +1,27 @@
-"""Per-row parameters laid out as the Sampler's per-slot tables, one slot per row (or request).
+"""How the ops sample: the Sampler's own code paths, over per-row parameters laid out as its
+per-slot tables (a `RowTable`, one slot per row or request) instead of a RequestStore.
 
 Contract:
 - `RowTable.build(...)` takes normalised per-row tensors (`args.normalise`) on the logits'
-  device and writes them into `[params, n]` fp32 / int64 tables with the Sampler's column
-  layout (`state.columns`, its core columns): seed, top-k, `prompt_len` = the position, no outputs, no
+  device and writes them into `[params, n]` fp32 / int64 tables with the Sampler's core column
+  layout (`state.columns`): seed, top-k, `prompt_len` = the position, no outputs, no
   processors. So `position = prompt_len + num_out + draft offset` is the caller's position (plus
   the draft offset of a verify row), and the noise is keyed exactly as the Sampler keys it.
-- `row_batch(view, device)` is `RequestStore.row_batch`'s signature: the strategies and the
-  sampling recipe (`sampling.recipe.sample_rows`, the kernels' `prepare_rows`) run on it unchanged.
+  `row_batch(view, device)` is `RequestStore.row_batch`'s signature: the strategies and the
+  sampling recipe run on it unchanged. The identity view (every row, no drafts) needs no
+  upload, so a call can be recorded in a CUDA graph.
 - host: the rows' parameters as numpy (`HostRows`) when known. When they are not (device
   tensors on the kernel path, which needs only the kernels' hints), conservative stand-ins
-  (every filter possibly on) and the caller's hints fill them; `ops.run` reads the device
-  instead wherever the torch pipeline would decide from them.
-- The identity view (every row, no drafts) needs no upload: `arange` on the device, so a call
-  can be recorded in a CUDA graph.
-Never imports `parallel` (the strategies call into it) or the Sampler.
+  (every filter possibly on) and the caller's hints fill them; the caller reads the device
+  instead wherever the torch pipeline would decide from them (`needs_host_values`).
+- `sample_full(x, table, bitmask, width)`: full rows (TP = 1): the sampling recipe
+  (`sampling.recipe.sample_rows`) with the identity reducer, what every strategy runs at TP = 1.
+- `sample_tp(x, table, strategy, comm, ...)`: a plan built from the rows (row r is request r,
+  slot r, so batch_sharded's owner is r % TP) and the Sampler's strategies (the before and
+  after around the recipe); every rank gets the same result, equal bitwise to TP = 1. Rows that
+  verify drafts come from the plan (`drafts`), as in `Sampler.plan`.
+- `choose(strategy, table, tp, vocab_size, device, rows_per_req)`: "auto" as the Sampler means it.
+Never imports the Sampler.
 """
 from __future__ import annotations
 
@@ -24,6 +31,16 @@ import numpy as np
 import torch
 
 from ..kernels.config import RowHints
+from ..kernels.gate import kernels_wanted
+from ..parallel import auto
+from ..parallel.auto import Features, static_costs
+from ..parallel.collectives import Collectives
+from ..parallel.plan import build_plan
+from ..parallel.shard import vocab_shard
+from ..parallel.strategies import BY_NAME, Step
+from ..sampling.logprobs import padded_logprobs
+from ..sampling.recipe import SampleArgs, sample_rows
+from ..sampling.reducer import LocalRows
 from ..state.columns import Layout
 from ..state.rows import HostRows, RowBatch, RowSource, RowsView, upload
 
@@ -115,3 +132,65 @@ def _rows(mask: np.ndarray, device) -> Optional[torch.Tensor]:
     if mask.all():
         return torch.arange(len(mask), device=device)
     return upload([np.flatnonzero(mask)], torch.device(device))[0]
+
+
+def choose(strategy: str, table: RowTable, tp: int, vocab_size: int, device: torch.device,
+           rows_per_req: np.ndarray) -> str:
+    """"auto" means what it means for the Sampler: the strategy the cost model of
+    `parallel.auto` estimates fastest for this batch's feature class, rows and owners
+    (request r is owned by rank r % TP). The Sampler measures the model's constants on the real
+    group on first use; a stateless call has no state to keep them in, so it takes the static
+    constants of the device kind (those the Sampler starts from)."""
+    if strategy != "auto":
+        return strategy
+    h = table.host
+    f = Features.of(h["temperature"], h["top_k"], h["top_p"], h["min_p"], h["num_logprobs"], h["processed"],
+                    bool((rows_per_req > 1).any()))
+    owner_rows = max(int(rows_per_req[r::tp].sum()) for r in range(tp))
+    return auto.choose(int(rows_per_req.sum()), owner_rows, vocab_size, tp, f, *static_costs(device.type, f))
+
+
+def kernel_path(x: torch.Tensor) -> bool:
+    """Full rows of x go through the fused kernels (the gate the recipe applies)."""
+    return x.stride(1) == 1 and kernels_wanted(x.device)
+
+
+def needs_host_values(x: torch.Tensor, processed_logprobs: bool, tp: int) -> bool:
+    """The torch pipeline runs on some row and decides from host parameters."""
+    return tp > 1 or processed_logprobs or not kernel_path(x)
+
+
+def sample_full(x: torch.Tensor, table: RowTable, bitmask: Optional[torch.Tensor], width: int):
+    """(tokens [R] int64, fallback [R] bool, num_nans [R] int64, lp_ids [R, width] int64,
+    lp_vals [R, width] fp32, lp_ranks [R] int64), each a tensor of its own (no views)."""
+    dev, n = x.device, table.size
+    view = identity_view(n)
+    b = table.row_batch(view, dev)
+    res = sample_rows(SampleArgs(x, 0, b, LocalRows(), bitmask))
+    if width:
+        ids, vals, ranks = padded_logprobs((res.lp_ids, res.lp_vals, res.lp_ranks), n, width, dev)
+    else:
+        ids = torch.empty((n, 0), dtype=torch.int64, device=dev)
+        vals = torch.empty((n, 0), dtype=torch.float32, device=dev)
+        ranks = torch.zeros(n, dtype=torch.int64, device=dev)
+    return (res.emitted.to(torch.int64).clone(), res.fallback.to(torch.bool).clone(),
+            res.num_nans.to(torch.int64).clone(), ids.clone(), vals.clone(), ranks.clone())
+
+
+def sample_tp(x: torch.Tensor, table: RowTable, strategy: str, comm: Collectives, vocab_size: int, *,
+              bitmask: Optional[torch.Tensor] = None, width: int = 0, drafts: Optional[np.ndarray] = None,
+              draft_probs: Optional[torch.Tensor] = None) -> tuple:
+    """(block [reqs, max_rows + 4] int64, LogprobsOutput or None): one step of `strategy` over
+    this rank's shard x [rows, V_r] in batch order (rows: each request's draft rows, then its
+    bonus row, when drafts [reqs, D] are given)."""
+    reqs = table.size
+    drafts = np.zeros((reqs, 0), np.int64) if drafts is None else drafts
+    plan = build_plan(BY_NAME[strategy], comm.size, range(reqs), np.arange(reqs, dtype=np.int64), np.zeros(reqs, np.int64),
+                      drafts, width, bitmask, 0, vocab_size)
+    start, end = vocab_shard(vocab_size, comm.size, comm.group.rank)
+    if plan.sharding.by_owner and comm.size > 1:      # the strategy takes rows owner by owner
+        order = plan.logits_order.to(x.device)
+        x = x.index_select(0, order)
+        draft_probs = None if draft_probs is None else draft_probs.index_select(0, order)
+    step = Step(table, vocab_size, start, end, comm, draft_probs=draft_probs)
+    return plan.sharding.after(sample_rows(plan.sharding.before(x, plan, step)), plan, step)

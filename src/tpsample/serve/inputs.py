@@ -15,6 +15,9 @@ Contract
   characters of prompt text (a completion's prompt, or a chat's message contents together).
 - Prompts: `truncate_prompt_tokens` keeps the last (or, `truncation_side: "right"`, the first) n
   tokens (-1: the model's context); `add_special_tokens` as vLLM (completions: on, chat: off).
+- vLLM's /tokenize (`prompt`, or `messages` templated as in chat completions; answers count,
+  max_model_len, tokens and, with `return_token_strs`, token_strs) and /detokenize (`tokens`,
+  ids in the vocabulary; answers {"prompt": text}) run here too, under the same limits.
 """
 from __future__ import annotations
 
@@ -232,3 +235,24 @@ def _check_unicode(obj, path: str) -> None:
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_unicode(v, f"{path}[{i}]")
+
+
+def tokenize(preparer: Preparer, body: bytes) -> dict:
+    req = preparer.parse(P.TokenizeRequest, body)
+    tokenizer = preparer.tokenizer
+    if tokenizer is None:
+        raise ValueError("prompt: /tokenize needs a tokenizer in the model folder")
+    _, ids = preparer.chat_prompt(req) if req.messages is not None else preparer.text_prompt(req)
+    tokens = ids[0]
+    return {"count": len(tokens), "max_model_len": preparer.max_model_len, "tokens": tokens,
+            "token_strs": tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None}
+
+
+def detokenize(preparer: Preparer, vocab_size: int, body: bytes) -> dict:
+    req = preparer.parse(P.DetokenizeRequest, body)
+    if preparer.tokenizer is None:
+        raise ValueError("tokens: /detokenize needs a tokenizer in the model folder")
+    bad = [t for t in req.tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"tokens must be token ids in [0, {vocab_size}), got {bad[0]}")
+    return {"prompt": preparer.tokenizer.decode(req.tokens)}

@@ -11,20 +11,20 @@ import json
 import os
 
 import tpsample
+from tpsample.coerce import INT64_MAX
 from tpsample.engine.hf_files import SAMPLING_FIELDS, check_sampling_defaults, sampling_defaults
 from tpsample.engine.request import GuidedDecoding
+from tpsample.params import LOGIT_BIAS_BOUND
 from tpsample.serve import protocol as P
 
 MAX_N = 16
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-LOGIT_BIAS_BOUND = 100.0            # vLLM clamps biases to [-100, 100]
-# OpenAI's defaults, where neither the request nor the generation config sets a field
+INT64_MIN = -INT64_MAX - 1
 # the samplers' fields a request passes on as they are (SamplingParams checks them)
 SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
                   "xtc_threshold", "xtc_probability", "top_n_sigma", "logprobs_mode", "kept_support")
+# OpenAI's defaults, where neither the request nor the generation config sets a field
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
-
 
 GENERATION_CONFIG_MODES = ("auto", "vllm", "none")
 

@@ -10,7 +10,8 @@ Contract
   not re-raise the signal, so the caller can stop the workers before the process exits; a
   second SIGINT skips the wait.
 - Connections: `timeout_keep_alive_s` for idle kept-alive ones, `timeout_header_s` for a
-  request's headers (`connection`), `timeout_body_s` and the size limit for its body (`guard`).
+  request's headers (`header_deadline_protocol`), `timeout_body_s` and the size limit for its
+  body (`config.Guard`).
 """
 from __future__ import annotations
 
@@ -46,7 +47,6 @@ def _server(app, sock: socket.socket, log_level: str):
 
     import uvicorn
 
-    from tpsample.serve.connection import header_deadline_protocol
     from tpsample.serve.errors import error_body
 
     config: ServeConfig = app.state.serve_config
@@ -123,3 +123,58 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self.sock.close()
+
+
+_TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                b"content-length: %d\r\n\r\n%s")
+
+
+def header_deadline_protocol(timeout_header_s: float, message: bytes):
+    """uvicorn's H11Protocol with a deadline on request headers (the 408 body: `message`).
+
+    uvicorn closes a kept-alive connection idle for `timeout_keep_alive`, but a connection that
+    sends nothing, or trickles its request line and headers a byte at a time, stays open forever.
+    Here they must be complete within `timeout_header_s` of the connection opening, or of the
+    first byte of the next request on a kept-alive connection; else a 408 and the connection is
+    closed. h11 bounds their size (`MAX_HEADER_BYTES`); the body's deadline is `config.Guard`'s.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineH11(H11Protocol):
+        def connection_made(self, transport) -> None:
+            self._header_timer = None
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(timeout_header_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm()                         # the first byte of the next request
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm()                      # its headers are in
+
+        def on_response_complete(self) -> None:
+            self._disarm()
+            super().on_response_complete()
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                if self.cycle is None or self.cycle.response_complete:
+                    self.transport.write(_TIMEOUT_408 % (len(message), message))
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadlineH11

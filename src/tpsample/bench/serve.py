@@ -3,7 +3,8 @@
 Each client sends seeded chat requests back to back (streaming, usage included) until the time
 is up; requests still running then finish. Reports requests/s, output tokens/s, time to first
 token and time per output token percentiles, then checks through /stats that the engine holds
-no KV block and no sampler slot any more. Prints a table and ends with one JSON line.
+no KV block and no sampler slot any more. Prints a table and ends through `report.finish` (one
+JSON line with what produced it; `--out` writes it too).
 Without --url the server runs in this process on 127.0.0.1 and a port the OS picks.
 """
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+
+from .report import finish
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain tensor parallelism briefly.",
            "List three fruits.", "Say hello in Spanish.", "What is 12 times 7?", "Name a famous painter.",
@@ -141,5 +144,4 @@ def run_bench(args, open_llm=None) -> dict:
             llm.close()
     summary = {"model": model, "tp": getattr(args, "tp", None), "max_tokens": args.max_tokens, **summary}
     _print_table(summary, f"{model}: {args.clients} clients, {args.duration:g} s")
-    print(json.dumps(summary))
-    return summary
+    return finish({"bench": "serve", **summary}, getattr(args, "out", None))
