@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from ..kernels.config import KernelConfig, fallback_counter, lean_counter, listed_counter
+from ..kernels.launcher import KernelConfig, fallback_counter, lean_counter, listed_counter
 from .kernels import make_logits, params
 from .measure import kernel_us
 

@@ -155,7 +155,7 @@ def run_case(rows, vocab, dtype_name, shape, config, args, bw):
         try:
             ms, mib = time_cuda(fn, args.iters, args.warmup, dev)
             if name == "triton" and not CONFIGS[config][4]:   # its workspace is cached across calls: count it
-                from ..kernels.config import KernelConfig
+                from ..kernels.launcher import KernelConfig
                 from ..kernels.sample.launch import workspace_bytes
                 mib += workspace_bytes(rows, vocab, KernelConfig(), dev) / 2**20
         except Exception as e:  # noqa: BLE001 - report and continue (an anchor may not support a case)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import tpsample
-from tpsample.kernels.gate import kernels_wanted
+from tpsample.kernels.launcher import kernels_wanted
 from tpsample.engine.block_table import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsample.kernels.gate import kernels_wanted
+from tpsample.kernels.launcher import kernels_wanted
 from tpsample.model.config import RopeConfig
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..parallel.collectives import Collectives
-from ..kernels.gate import kernels_wanted
+from ..kernels.launcher import kernels_wanted
 from ..parallel import auto
 from ..parallel.auto import Features, static_costs
 from ..parallel.plan import build_plan

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..kernels.config import RowHints
+from ..kernels.launcher import RowHints
 from ..state.columns import Layout
 from ..state.rows import HostRows, RowBatch, RowSource, RowsView, upload
 

@@ -12,7 +12,7 @@ its exact int64 mass S:
   S_lo <= S/2**shift: the sum of exp(b - m) over the block maxima b, distinct entries of the row
   (1 with min-p, where S counts only entries >= t1). lo is that bound less a margin, and never
   below t1.
-- the bins pass (`hist.hist_kernel` with BINS, rows x splits): an exact count histogram
+- the bins pass (`lists.hist_kernel` with BINS, rows x splits): an exact count histogram
   of the entries in [lo, m] over NBH bins uniform in value, bin(l) = min(floor((l - lo) * inv),
   NBH - 1) in fp32 (monotone in l, so bins are value intervals); global atomics, only for
   entries in range. Its last program a row makes the row's `bracket_row`: from the counts,
@@ -44,19 +44,13 @@ from ..tlutil import (
     kept_mass,
     key_to_float,
     mass,
+    may_win,
+    min_key_mass_below,
     pair_max,
     uniform_bits,
 )
-from .scan import may_win
-from .state import (
-    BRACKET,
-    DONE,
-    append_candidates,
-    draw_candidates,
-    min_key_mass_below,
-    start_search,
-)
-from .state import LEAN as LEAN_STAGE
+from .scan import BRACKET, DONE, append_candidates, draw_candidates, start_search
+from .scan import LEAN as LEAN_STAGE
 
 
 @triton.jit

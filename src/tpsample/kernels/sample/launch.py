@@ -1,4 +1,5 @@
-"""Host side of `sample_rows`: the launch shapes and the launch sequence (scan, select, rounds).
+"""Host side of `sample_rows`: its entry point, the launch shapes, the workspace and the launch
+sequence (scan, select, rounds).
 
 Launches: scan (rows x splits), [sigma_sums_kernel (rows x splits), only when some row has
 top-n-sigma], select (rows); then, only if some row filters, [hist_kernel
@@ -8,8 +9,30 @@ round [round_kernel (rows x splits), finish_kernel (rows)], and, when some row h
 drain_kernel (rows), which finishes the rows the round left searching (one program per row);
 last, only when asked (`Kept`: a kept support or XTC), kept_kernel (the selected rows, kept.py).
 The sequence is fixed: the host never reads the device, so the call is CUDA-graph capturable.
-The workspace (`state.Workspace`) is O(rows x (V / BB + CAP)) bytes, one allocation per launch
-shape and stream, reused by every later call.
+
+A row moves through stages (scan.py holds their constants), each one streaming pass
+(round_kernel) plus one per-row step (finish_kernel), until DONE:
+- COLLECT: the candidates {eligible, klo <= key <= khi} are gathered; with FAST the window holds
+  every token that can be kept, so the finish resolves top-k, top-p and the draw from them.
+- HIST: the general exact search. The target threshold (top-k's k-th largest key, or top-p's
+  smallest key kappa* with float64(mass of keys > kappa*) < p * S) lies in the key window
+  [klo, khi]; count and mass strictly above khi are carried exactly (cabove, mabove). Each pass
+  measures the exact count and mass above P pivot keys, which shrinks the window to the span
+  between two pivots, and a histogram of the window that places the next pivots at count
+  quantiles. Once the window holds <= CAP entries it is collected and resolved exactly.
+- DRAW: the masked Gumbel argmax over {key >= tkey}.
+- LIST: top-p without top-k: the hist pass (its mass and its list), then the list kernel
+  (lists.py), which settles most rows (DONE); the others take BINS.
+- BINS: the bins pass, whose last program a row makes its bracket (bracket.py): BRACKET or LEAN.
+- BRACKET: the bracket's third pass (its candidates collected) and their resolution; a row
+  whose bracket does not certify starts HIST.
+- LEAN: a BINS row with few entries from the bracket up: its third pass only lists columns and
+  a per-row step resolves them (lists.py); a row that does not certify starts HIST.
+All decisions use exact integers (counts, int64 masses) or keys, so the result is the threshold
+of the definition no matter how the search went.
+
+The workspace (`Workspace`) is O(rows x (V / BB + CAP)) bytes, one allocation per launch shape
+and stream, reused by every later call.
 """
 from __future__ import annotations
 
@@ -19,28 +42,30 @@ from dataclasses import dataclass
 
 import torch
 
-from ...numerics import next_pow2
-from ..config import (
+from ...numerics import mass_shift, next_pow2
+from ..launcher import (
+    DEFAULT,
     MAX_ROUNDS,
     KernelConfig,
+    Launcher,
     RowHints,
     _cache_hash,
     fallback_counter,
+    interpreting,
     lean_counter,
     listed_counter,
     num_splits,
+    stream_scratch,
 )
-from ..launcher import Launcher, stream_scratch
-from . import Kept
+from ..tlutil import SCRATCH_WORDS
+from . import Kept, hints_from_params
 from .finish import finish_kernel
-from .hist import hist_kernel
 from .kept import kept_kernel
-from .lists import list_kernel
+from .lists import hist_kernel, list_kernel
 from .rounds import drain_kernel, round_kernel
-from .scan import scan_kernel
+from .scan import CN_STRIDE, scan_kernel
 from .select import select_kernel
 from .sigma import sigma_sums_kernel
-from .state import Workspace, hist_width
 
 KEPT_STEP = 1024    # the kept pass's columns a step: a step whose blocks all lie below the kept set is not read
 KEPT_WARPS = 4
@@ -50,6 +75,51 @@ SIGMA_STEP, SIGMA_WARPS = 1024, 4
 SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN, KEPT = (
     Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
                           round_kernel, finish_kernel, drain_kernel, kept_kernel))
+
+
+@functools.cache
+def _interpreting_on_cuda() -> bool:
+    """TRITON_INTERPRET on a CUDA machine, read once: it is fixed when the process starts there
+    (the tests set it per module only on machines without CUDA)."""
+    return interpreting()
+
+
+def sample_rows(x, temperature, top_k, top_p, log_min_p, key0, key1, *, col_offset: int = 0,
+                vocab_size_global: int | None = None, hints: RowHints | None = None,
+                exact_exp: bool | None = None, cfg: KernelConfig = DEFAULT, nans_out=None, out=None, n_sigma=None,
+                kept=None):
+    """Sample one token per row (semantics above). Returns (token_ids [R] int64 global ids,
+    valid [R] bool: False where the guard chose the token). nans_out="partials": also return the
+    [R, splits] int32 per-split NaN counts (sum them per row). nans_out: optional [R] int64 tensor
+    that receives each row's NaN count (counted in the first pass, no extra read of x).
+    out: optional (token_ids [R] int64, valid [R] bool) written instead of new tensors (the
+    per-row parameters must then already be contiguous, on x's device, in the dtypes above).
+    n_sigma: optional [R] top-n-sigma (<= 0: off); None, the batch has none: the kernels then
+    compile and launch nothing for it. kept: optional `Kept` (rows whose kept set to
+    measure, and XTC's threshold and coins): one more pass over those rows, whose XTC rows are
+    redrawn under XTC's upper bound; the result then ends with (count, smallest, largest, upper)
+    [R] of their kept values (kept.py)."""
+    rows, cols = x.shape
+    if rows == 0:      # a rank that owns no rows this step (batch_sharded) still returns the same shapes
+        empty = (torch.zeros(0, dtype=torch.int64, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device))
+        return (*empty, torch.zeros(0, 1, dtype=torch.int32, device=x.device)) if isinstance(nans_out, str) else empty
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit column stride")
+    dev = x.device
+    if out is not None:      # the caller's own buffers: its parameters are in place already
+        params = (temperature, top_k, top_p, log_min_p, key0, key1)
+    else:
+        params = tuple(v.to(dev, dt).contiguous() for v, dt in (
+            (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32), (log_min_p, torch.float32),
+            (key0, torch.int64), (key1, torch.int64)))
+    if n_sigma is not None and out is None:
+        n_sigma = n_sigma.to(dev, torch.float32).contiguous()
+    if hints is None:
+        hints = hints_from_params(params[0], params[1], params[2], params[3], cols, n_sigma)
+    if exact_exp is None:
+        exact_exp = dev.type == "cuda" and not _interpreting_on_cuda()
+    shift = mass_shift(vocab_size_global or cols)
+    return launch_sample(x, params, col_offset, shift, hints, exact_exp, cfg, nans_out, out, n_sigma, kept)
 
 
 @dataclass(frozen=True)
@@ -81,11 +151,9 @@ def reg_cap(cuda: bool, regs: int | None) -> dict:
 
 
 def list_warps(dev: torch.device, cfg: KernelConfig) -> int:
-    """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 on CUDA,
-    with `list_regs` (128) registers a thread so that two programs share a SM (the call waits on
-    one row's chain of reductions, which more warps shorten, and the programs that queue are
-    half as many; the compiler's own choice, 175 registers, left one program a SM), and 4
-    elsewhere."""
+    """Warps of the list kernel's programs (one a row): `list_warps` when set; else 8 on CUDA
+    (the call waits on one row's chain of reductions, which more warps shorten), with
+    `list_regs` registers a thread so that two programs share a SM, and 4 elsewhere."""
     if cfg.list_warps is not None:
         return cfg.list_warps
     return 8 if dev.type == "cuda" else 4
@@ -117,8 +185,8 @@ def list_blocks(nblk: int, cfg: KernelConfig) -> int:
 
 
 def workspace_for(rows: int, splits: int, nblk: int, shape: Shape, dev) -> Workspace:
-    """The workspace of this shape on the current stream (see `launcher.stream_scratch`): reusing
-    it across calls saves ~30 tensor views per call."""
+    """The workspace of this shape on the current stream, reused across calls
+    (`launcher.stream_scratch`)."""
     return stream_scratch(dev, ("sample", rows, splits, nblk, shape),
                           lambda: Workspace(rows, splits, nblk, shape.cfg, dev))
 
@@ -136,8 +204,8 @@ def workspace_bytes(rows: int, cols: int, cfg: KernelConfig, device) -> int:
 @functools.lru_cache(maxsize=16)
 def plain_config(cfg: KernelConfig) -> Shape:
     """The launch shape of a batch with no filter row, whose scan does the whole draw: steps of
-    `plain_scan_cols` (batches with filter rows were slower with them, so they keep
-    `scan_cols`). Never longer than `scan_cols`, so a shape set for a test stays what it says."""
+    `plain_scan_cols`, never longer than `scan_cols` (so a shape set for a test stays what it
+    says)."""
     return Shape(cfg, cfg.block, min(cfg.scan_cols, cfg.plain_scan_cols), cfg.scan_warps, cfg.programs_per_sm)
 
 
@@ -145,9 +213,7 @@ def plain_config(cfg: KernelConfig) -> Shape:
 def draw_config(cfg: KernelConfig, cuda: bool) -> Shape:
     """The launch shape of a batch with a temperature-only row and no filter row (the scan draws
     the token): steps of at most `draw_scan_cols` and `draw_scan_warps` warps, so the per-step
-    "may an entry win?" reduction stays inside one warp; with the step's margin and the noise's
-    spread add, 128 columns beat 256 and 512 at every batch size measured.
-    `draw_scan_cols` None is `draw_scan_cols_cuda` on CUDA and `plain_scan_cols` elsewhere: the
+    "may an entry win?" reduction stays inside one warp. `draw_scan_cols` None is `draw_scan_cols_cuda` on CUDA and `plain_scan_cols` elsewhere: the
     interpreter's cost is per step, not per entry. Greedy-only batches keep `plain_config`."""
     plain = plain_config(cfg)
     cols = cfg.draw_scan_cols
@@ -298,3 +364,47 @@ def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Works
             token, valid, count, low, top, upper, TILE=max(1, KEPT_STEP // bb), BB=bb, SIGMA=n_sigma is not None,
             XTC=xtc, EXACT_EXP=exact_exp, num_warps=KEPT_WARPS)
     return count, low, top, upper
+
+
+class Workspace:
+    """Per-call buffers carved from one allocation (one allocator call, no memsets: every field
+    is written before it is read). Fields are [rows] unless noted; see the module docstring."""
+
+    def __init__(self, rows: int, splits: int, nblk: int, cfg: KernelConfig, dev):
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        n = rows * splits
+        fields = [("raw_v", n, f32), ("raw_i", n, i32), ("max", n, f32), ("best_v", n, f32), ("best_i", n, i32),
+                  ("nans", n, i32), ("bmax", (rows, nblk), f32),
+                  ("stage", rows, i32), ("flags", rows, i32),
+                  ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
+                  ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
+                  ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
+                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64),
+                  ("p_mass", n, i64),
+                  ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
+                  ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, hist_width(cfg)), i32),
+                  ("bfirst", rows, i32), ("blast", rows, i32), ("bcount", rows, i32), ("lean_l", rows, f32),
+                  ("xf", rows, f32), ("arrive", rows, i32), ("top_bin", rows, i32), ("top_mass", rows, i64),
+                  ("sig_lo", n, f32), ("sig_hi", n, f32), ("sig_sums", (n, 3), i64), ("sig_top", rows, f32),
+                  ("sig_scale", rows, torch.float64)]
+        sizes = [math.prod(sh if isinstance(sh, tuple) else (sh,)) * dt.itemsize for _, sh, dt in fields]
+        offsets, total = [], 0
+        for b in sizes:
+            offsets.append(total)
+            total += (b + 255) // 256 * 256          # 256-byte aligned views: no re-specialisation
+        self.buffer = torch.empty(total, dtype=torch.uint8, device=dev)
+        for (name, shape, dt), off, b in zip(fields, offsets, sizes):
+            setattr(self, name, self.buffer[off:off + b].view(dt).view(shape))
+        self.cand_ids = self.cand_key.view(i32)       # a LEAN row's column list: [rows, 2 * cap] int32
+        self.nbytes = total
+
+    def state(self, token, valid):
+        return (self.stage, self.flags, token, valid, self.raw, self.m, self.t1, self.tkey,
+                self.klo, self.khi, self.shift, self.cabove, self.mabove, self.S, self.piv)
+
+
+def hist_width(cfg: KernelConfig) -> int:
+    """int32 words a row of the workspace's `hist`: the top-p list's x (2 * cap, until the list
+    kernel has read them; then the first SCRATCH_WORDS are its search's scratch), then the
+    bracket's bins (hist_bins). Even, so a row's words start 8-byte aligned."""
+    return max(cfg.hist_bins, 2 * cfg.cap, SCRATCH_WORDS)
