@@ -32,12 +32,11 @@ from .support import asked_supports, kept_ids
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    """The kernel modules (.sample.launch, .launcher, .stats, .step_ops), imported on first use
+    """The kernel modules (.sample, .launcher, .stats, .step_ops), imported on first use
     (triton.jit picks interpreted or compiled when a kernel module is imported) and kept, so a
     step runs no import statement."""
-    from ..kernels import launcher, stats, step_ops
-    from ..kernels.sample import launch
-    return SimpleNamespace(sample=launch, launcher=launcher, stats=stats, step_ops=step_ops)
+    from ..kernels import launcher, sample, stats, step_ops
+    return SimpleNamespace(sample=sample, launcher=launcher, stats=stats, step_ops=step_ops)
 
 
 def kernels_apply(x: torch.Tensor) -> bool:

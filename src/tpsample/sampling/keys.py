@@ -83,8 +83,8 @@ SHARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def shard_passes(x: torch.Tensor):
-    """The shard-pass kernels (`kernels.shard`: front, gumbel_draw; `kernels.shard`:
-    top_values, tie_counts, MAX_TOP; `kernels.shard_band`: band_histogram, band_partials) for
+    """The shard-pass kernels (`kernels.shard`: front, gumbel_draw, top_values, tie_counts,
+    MAX_TOP; `kernels.shard_band`: band_histogram, band_partials) for
     rows x, or None (torch ops then): kernels run on x's device and read its layout (fp32, bf16
     or fp16 with unit column stride). TPSAMPLE_SHARD_KERNELS=0 keeps vocab_parallel's shard on the
     torch passes (the same tokens; a switch for a device where a shard kernel misbehaves)."""

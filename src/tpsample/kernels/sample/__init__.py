@@ -1,6 +1,6 @@
 """Entry points of the Triton kernels: exact, memory-lean sampling (`sample_rows`, launch.py),
 logprob statistics (`kernels.stats`) and the vocab-parallel shard draw (`kernels.shard`),
-entry points here. The passes of `sample_rows` are the modules of this package (scan, select,
+re-exported here. The passes of `sample_rows` are the modules of this package (scan, select,
 lists, bracket, rounds, finish; the launch sequence and the rows' stages in launch.py).
 
 Contract (docs/semantics.md steps 6-10 and 12 on processed rows; the torch twin the tests hold
@@ -31,46 +31,15 @@ the kernels to is tests/kernels_torch_ref.py, and `tpsample.sampling` computes t
   torch's CPU ones in the last ulp (a token differs only if that ulp decides it).
 Never imports the sampling layers.
 """
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from ..launcher import DEFAULT, KernelConfig, RowHints, row_hints
+from ..launcher import DEFAULT, KernelConfig, RowHints
+from .launch import Kept, hints_from_params, sample_rows
 
 __all__ = ["DEFAULT", "KernelConfig", "Kept", "RowHints", "hints_from_params", "logprob_stats", "sample_rows",
            "shard_gumbel_argmax", "token_logprob_stats"]
 
 
-def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int, n_sigma=None) -> RowHints:
-    """RowHints from the per-row parameter tensors (one device sync if they live on the GPU);
-    a top-n-sigma row filters as a min-p row does."""
-    thresholded = log_min_p > float("-inf")
-    if n_sigma is not None:
-        thresholded = thresholded | (n_sigma > 0)
-    return row_hints(temperature, top_k, top_p, thresholded, vocab_size)
-
-
-@dataclass(frozen=True)
-class Kept:
-    """What `sample_rows`'s kept pass reads (kept.py): rows, [n] int64 on x's device, the rows it
-    reads (each once); with XTC, xtc_threshold [R] fp32 and coin [R] bool (the row's seeded coin
-    came up), else None."""
-    rows: torch.Tensor
-    xtc_threshold: torch.Tensor | None = None
-    coin: torch.Tensor | None = None
-
-
-# The entry points import their kernel modules on first use (triton.jit picks interpreted or
-# compiled when a kernel module is imported), so this package imports no kernel; the sampler
-# calls `launch.sample_rows` and `kernels.stats` directly.
-
-def sample_rows(x, *args, **kwargs):
-    """`launch.sample_rows` (the contract above)."""
-    from .launch import sample_rows as run
-    return run(x, *args, **kwargs)
-
+# The statistics and the shard draw import their kernel modules on first use (triton.jit picks
+# interpreted or compiled when a kernel module is imported); the sampler calls `kernels.stats`.
 
 def logprob_stats(x, **kwargs):
     """`kernels.stats.logprob_stats`."""
@@ -82,8 +51,6 @@ def token_logprob_stats(x, values, n: int, **kwargs):
     """`kernels.stats.token_logprob_stats`."""
     from ..stats import token_logprob_stats as run
     return run(x, values, n, **kwargs)
-
-
 def shard_gumbel_argmax(x, temperature, thr, key0, key1, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT):
     """The vocab-parallel Gumbel partial of a rank's shard x [R, V_r] (column j is global id
     col_offset + j; l = fp32(x) / T, rows with T == 0 or temperature None: fp32(x); kept = l >=

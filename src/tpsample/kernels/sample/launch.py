@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -55,26 +56,54 @@ from ..launcher import (
     lean_counter,
     listed_counter,
     num_splits,
+    row_hints,
     stream_scratch,
 )
-from ..tlutil import SCRATCH_WORDS
-from . import Kept, hints_from_params
-from .finish import finish_kernel
-from .kept import kept_kernel
-from .lists import hist_kernel, list_kernel
-from .rounds import drain_kernel, round_kernel
-from .scan import CN_STRIDE, scan_kernel
-from .select import select_kernel
-from .sigma import sigma_sums_kernel
 
 KEPT_STEP = 1024    # the kept pass's columns a step: a step whose blocks all lie below the kept set is not read
 KEPT_WARPS = 4
 # the sigma pass's columns a step and warps: its per-entry work (an exact division, float64 grid
 # arithmetic) is independent entry to entry, so wide steps keep many in flight
 SIGMA_STEP, SIGMA_WARPS = 1024, 4
-SCAN, SIGMA, SELECT, HIST, LIST, BINS, ROUND, FINISH, DRAIN, KEPT = (
-    Launcher(k) for k in (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel,
-                          round_kernel, finish_kernel, drain_kernel, kept_kernel))
+
+
+@functools.cache
+def _passes() -> SimpleNamespace:
+    """The passes' launchers and the workspace layout constants the kernels define, built on first
+    use: triton.jit picks interpreted or compiled when a kernel module is imported, so this
+    module imports none (the package re-exports `sample_rows` without building a kernel)."""
+    from ..tlutil import SCRATCH_WORDS
+    from .finish import finish_kernel
+    from .kept import kept_kernel
+    from .lists import hist_kernel, list_kernel
+    from .rounds import drain_kernel, round_kernel
+    from .scan import CN_STRIDE, scan_kernel
+    from .select import select_kernel
+    from .sigma import sigma_sums_kernel
+    names = ("SCAN", "SIGMA", "SELECT", "HIST", "LIST", "BINS", "ROUND", "FINISH", "DRAIN", "KEPT")
+    kernels = (scan_kernel, sigma_sums_kernel, select_kernel, hist_kernel, list_kernel, hist_kernel, round_kernel,
+               finish_kernel, drain_kernel, kept_kernel)
+    return SimpleNamespace(**{n: Launcher(k) for n, k in zip(names, kernels)}, CN_STRIDE=CN_STRIDE,
+                           SCRATCH_WORDS=SCRATCH_WORDS)
+
+
+def hints_from_params(temperature, top_k, top_p, log_min_p, vocab_size: int, n_sigma=None) -> RowHints:
+    """RowHints from the per-row parameter tensors (one device sync if they live on the GPU);
+    a top-n-sigma row filters as a min-p row does."""
+    thresholded = log_min_p > float("-inf")
+    if n_sigma is not None:
+        thresholded = thresholded | (n_sigma > 0)
+    return row_hints(temperature, top_k, top_p, thresholded, vocab_size)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What `sample_rows`'s kept pass reads (kept.py): rows, [n] int64 on x's device, the rows it
+    reads (each once); with XTC, xtc_threshold [R] fp32 and coin [R] bool (the row's seeded coin
+    came up), else None."""
+    rows: torch.Tensor
+    xtc_threshold: torch.Tensor | None = None
+    coin: torch.Tensor | None = None
 
 
 @functools.cache
@@ -253,6 +282,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     t, k, p, lmp, key0, key1 = params
     rows, cols = x.shape
     dev = x.device
+    K = _passes()
     cuda = dev.type == "cuda"       # compiled (else the interpreter, which runs no inline PTX)
     if hints.any_filter:
         shape = filter_config(cfg)
@@ -274,15 +304,15 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
     nw = cfg.num_warps
     block = shape.block
     lcap = 2 * cfg.cap          # a top-p row's column list, in cand_key's bytes read as int32
-    SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
+    K.SCAN.at(site, (rows, splits), x, x.stride(0), cols, t, k, p, lmp, key0, key1, col_offset,
          ws.raw_v, ws.raw_i, ws.max, ws.best_v, ws.best_i, ws.nans, ws.bmax,
          nblk, n_sigma, ws.sig_lo, ws.sig_hi, NSPLIT=splits, CHUNK=chunk, TILE=tile, BB=bb, EXACT_EXP=exact_exp,
          MODES=hints.modes, PTX=cuda, SIGMA=sigma, num_warps=shape.scan_warps)
     if sigma:
-        SIGMA.at(site, (rows, splits), x, x.stride(0), cols, t, n_sigma, ws.sig_lo, ws.sig_hi, ws.sig_sums,
+        K.SIGMA.at(site, (rows, splits), x, x.stride(0), cols, t, n_sigma, ws.sig_lo, ws.sig_hi, ws.sig_sums,
                  ws.sig_top, ws.sig_scale, NSPLIT=splits, CHUNK=chunk, BLOCK=min(SIGMA_STEP, next_pow2(chunk)),
                  B=shift // 2, num_warps=SIGMA_WARPS)
-    SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
+    K.SELECT.at(site, (rows,), x, x.stride(0), t, k, p, lmp, cols, col_offset, ws.raw_v, ws.raw_i, ws.max, ws.best_v,
            ws.best_i, ws.bmax, nblk, ws.stage, token, valid, ws.raw, ws.m, ws.t1, ws.flags, ws.tkey,
            ws.klo, ws.khi, ws.shift, ws.cabove, ws.mabove, ws.piv, ws.cand_n, ws.hlo, ws.hinv, ws.xf,
            list_blocks(nblk, cfg), n_sigma, ws.sig_sums, ws.sig_top, ws.sig_scale, NSPLIT=splits,
@@ -307,22 +337,22 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                               CAP=cfg.cap, LEAN="bracket" not in cfg.force, HW=hist_width(cfg), num_warps=hw)
             # 4 entries a thread, whole
             pack = hist_ptx and "unpacked" not in cfg.force and hb % (128 * hw) == 0
-            HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
-            LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
+            K.HIST.at(site, (rows, splits), *hist_args, PACK=pack, BINS=False, **hist_shape)
+            K.LIST.at(site, (rows,), t, p, key0, key1, col_offset, scale, 1 << shift, ws.stage, ws.m, ws.tkey, ws.raw,
                     token, valid, ws.xf, ws.p_mass, ws.cand_ids, ws.cand_n, ws.hist, ws.arrive, listed_counter(dev),
                     ws.hlo, ws.hinv, ws.top_bin, ws.top_mass, NSPLIT=splits, LCAP=lcap, LG=cfg.list_groups,
                     NBH=cfg.hist_bins, HW=hist_width(cfg), EXACT_EXP=exact_exp, PTX=lane_ptx(cuda, lcap, lw),
                     KEPT=kept is not None, num_warps=lw, **reg_cap(cuda, cfg.list_regs))
-            BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
+            K.BINS.at(site, (rows, splits), *hist_args, PACK=False, BINS=True, **hist_shape,
                     **reg_cap(cuda, cfg.bins_regs))
-        ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
+        K.ROUND.at(site, (rows, splits), x, x.stride(0), cols, t, key0, key1, col_offset, scale, 1 << shift,
               ws.stage, ws.flags, ws.m, ws.tkey, ws.klo, ws.khi, ws.shift, ws.piv,
               ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
               ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount,
               ws.xf, ws.cand_ids, NSPLIT=splits, CHUNK=chunk, BLOCK=block, CAP=cfg.cap, P=cfg.pivots,
               NB=cfg.bins, EXACT_EXP=exact_exp, STAGES=stages, NBH=cfg.hist_bins, LCAP=lcap,
               LEAN_BLOCK=cfg.lean_block, LG=cfg.list_groups, num_warps=nw)
-        FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
+        K.FINISH.at(site, (rows,), cols, k, p, key0, key1, col_offset, scale, 1 << shift, *ws.state(token, valid),
                ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt, ws.p_mass,
                ws.p_cgt, ws.p_mgt, ws.p_hist, ws.pending, ws.bcount, fallbacks,
                x, x.stride(0), t, ws.hlo, ws.hinv, ws.blast, ws.lean_l, ws.cand_ids, leans,
@@ -330,7 +360,7 @@ def launch_sample(x, params, col_offset: int, shift: int, hints: RowHints, exact
                EXACT_EXP=exact_exp, STAGES=stages, LCAP=lcap, FC=cfg.lean_read_cols, NBH=cfg.hist_bins,
                LG=cfg.list_groups, KEPT=kept is not None, num_warps=cfg.row_warps)
         if hints.any_top_k_or_p:
-            DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
+            K.DRAIN.at(site, (rows,), x, x.stride(0), cols, t, k, p, key0, key1, col_offset, scale, 1 << shift,
                   *ws.state(token, valid), ws.cand_key, ws.cand_id, ws.cand_n, ws.best_v, ws.best_i, ws.p_cnt,
                   ws.p_mass, ws.p_cgt, ws.p_mgt, ws.p_hist, ws.hlo, ws.hinv, ws.bfirst, ws.blast, ws.bcount, fallbacks,
                   ws.xf, ws.lean_l, ws.cand_ids, leans,
@@ -359,7 +389,7 @@ def launch_kept(site, x, params, col_offset: int, shift: int, n_sigma, ws: Works
     xtc = kept.coin is not None
     xthr, coin = (kept.xtc_threshold, kept.coin) if xtc else (t, valid)      # (not read without XTC)
     aligned = tuple(v.data_ptr() & 15 == 0 for v in (kept.rows, xthr, coin))
-    KEPT.at((site, "kept", xtc, aligned), (kept.rows.shape[0],), x, x.stride(0), x.shape[1], col_offset, kept.rows,
+    _passes().KEPT.at((site, "kept", xtc, aligned), (kept.rows.shape[0],), x, x.stride(0), x.shape[1], col_offset, kept.rows,
             t, k, p, lmp, n_sigma, ws.tkey, ws.bmax, nblk, key0, key1, xthr, coin, float(2.0 ** shift), 1 << shift,
             token, valid, count, low, top, upper, TILE=max(1, KEPT_STEP // bb), BB=bb, SIGMA=n_sigma is not None,
             XTC=xtc, EXACT_EXP=exact_exp, num_warps=KEPT_WARPS)
@@ -379,7 +409,7 @@ class Workspace:
                   ("raw", rows, i32), ("m", rows, f32), ("t1", rows, f32), ("tkey", rows, i64), ("klo", rows, i64),
                   ("khi", rows, i64), ("shift", rows, i32), ("cabove", rows, i64), ("mabove", rows, i64),
                   ("S", rows, i64), ("piv", (rows, cfg.pivots), i64), ("cand_key", (rows, cfg.cap), i64),
-                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * CN_STRIDE, i32), ("p_cnt", n, i64),
+                  ("cand_id", (rows, cfg.cap), i32), ("cand_n", rows * _passes().CN_STRIDE, i32), ("p_cnt", n, i64),
                   ("p_mass", n, i64),
                   ("p_cgt", (n, cfg.pivots), i64), ("p_mgt", (n, cfg.pivots), i64), ("p_hist", (n, cfg.bins), i32),
                   ("pending", 1, i32), ("hlo", rows, f32), ("hinv", rows, f32), ("hist", (rows, hist_width(cfg)), i32),
@@ -407,4 +437,4 @@ def hist_width(cfg: KernelConfig) -> int:
     """int32 words a row of the workspace's `hist`: the top-p list's x (2 * cap, until the list
     kernel has read them; then the first SCRATCH_WORDS are its search's scratch), then the
     bracket's bins (hist_bins). Even, so a row's words start 8-byte aligned."""
-    return max(cfg.hist_bins, 2 * cfg.cap, SCRATCH_WORDS)
+    return max(cfg.hist_bins, 2 * cfg.cap, _passes().SCRATCH_WORDS)
