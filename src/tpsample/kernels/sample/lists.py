@@ -1,54 +1,34 @@
-"""Top-p without top-k from lists of columns: the hist pass builds each row's guessed list, the
-list kernel resolves it; the lean pass (stage LEAN) for the rows the bracket narrows.
+"""Top-p without top-k from lists of columns (docs/kernels.md, "How `sample_rows` works" 5):
+the hist pass builds each row's guessed list, the list kernel resolves it; the lean pass (stage
+LEAN) lists the columns of the rows the bracket narrows.
 
-The hist pass (hist_kernel, grid rows x splits), in two modes:
-- Mass and list (BINS off; stage LIST rows, right after the select kernel): each split's exact
-  int64 mass of the eligible entries (the row's S is their sum) and the columns of x >= the
-  select kernel's guessed bound xf appended to the row's list with their x. Per entry: a
-  compare and a predicated claim for the list, the division by T, the exact exponential and its
-  int64 conversion; no histogram.
-- Bins (BINS on; stage BINS rows, the ones the list did not settle): an exact count histogram
-  of the entries in [lo, m] over NBH bins uniform in value (`bracket.bin_of`), then the row's
-  last program to arrive makes the row's bracket (`bracket.bracket_row`), so no bracket kernel
-  is launched: each program's atomics precede its arrival (a block barrier, then an acq_rel
-  atomic on the row's arrival count, which the list kernel zeroed), and the last one reads the
-  histogram through L2 after its own arrival.
-Compiled for CUDA, its atomics and the list's stores are per-lane predicated PTX
-(`tlutil.count_where`, `claim_where`, `store_where`, `claim_slots`), and x / T takes no
-division where `fast_division_ok` holds; the interpreter runs `tl.atomic_add` and `div_rn`.
-
-The guessed list. xf comes from the block maxima (`select.list_bound`: the k-th largest block
-maximum, k from `launch.list_blocks`, so that about `KernelConfig.list_room` entries lie above
-it on exchangeable rows). `list_kernel`, one program a row, resolves the row from that list
-alone:
-- an unlisted entry has x < xf, so its l = div_rn(x, T) <= Lx = div_rn(xf, T) (IEEE division is
-  monotone); the listed entries with l > Lx are therefore exactly the row's entries above Lx,
-  and every entry above one of them is listed too;
-- their exact masses e (the hist pass's `kept_mass`, entry for entry) settle the row when
-  float64(sum e) >= p * S: every entry with l <= Lx then has at least that mass strictly above it
-  and is dropped, and v* is the smallest key kappa among the listed ones with
-  float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_few`);
-- the token is the Gumbel argmax over the listed entries with key >= kappa.
-Nothing is estimated: the list only chooses which entries are examined. A row whose list
-overflowed, or holds less than p of the mass, takes the bracket method instead (stage BINS,
-bracket.py); rows resolved here are counted in `launch.listed_counter`.
-
-The lean pass. For those rows the bracket bounds the bins that surely hold only dropped
-entries; when the entries from the first other bin up number at most LCAP (twice CAP: the
-candidate key list's bytes, read as int32 ids), the bins pass's `bracket_row` marks the row LEAN
-and stores L, a value at or below every entry of that bin, and xf, an x bound with
-div_rn(x, T) >= L  =>  x >= xf (so the pass never divides). `lean_collect` (the round kernel's
-pass for LEAN rows) appends the column of every x >= xf to the row's id list; `after_lean` (the
-finish kernel's step) reads the listed entries back, keeps those with l = x / T >= L, exactly
-the upper set {l >= L} of the row; the entries of the bins above the bracket are all kept
-(exact int64 mass and Gumbel winner here), the others are the bracket's candidates, resolved by
-`bracket.resolve_keys`. A list that overflowed, or a bracket that does not certify, starts the
-exact search (stage HIST) and is counted in `fallbacks`; rows resolved here in `leans`.
-
-List layout: a lane appends through one of LG counters of the row's counter line (`cand_n`),
-so the 32 lanes of one warp instruction do not queue on one address; group g's i-th entry takes
-slot i * LG + g, the readers skip the holes (`list_slot_valid`), and a group past LCAP / LG
-counts without storing, which the readers see as an overflow (`list_depth`).
+- hist_kernel (rows x splits), BINS off (stage LIST rows): each split's exact int64 mass of the
+  eligible entries (the row's S is their sum) and the column of every x >= the select kernel's
+  bound xf appended to the row's list with its x. BINS on (stage BINS rows, those the list left):
+  an exact count histogram of [lo, m] over NBH bins (`bracket.bin_of`); the row's last program
+  to arrive (a block barrier, then an acq_rel atomic on the row's arrival count, which the list
+  kernel zeroed) makes the row's bracket (`bracket.bracket_row`), so no bracket kernel runs.
+  Compiled for CUDA its atomics and stores are per-lane PTX (`tlutil.count_where`,
+  `claim_where`, `store_where`, `claim_slots`) and x / T takes no division where
+  `fast_division_ok` holds; the interpreter runs `tl.atomic_add` and `div_rn`.
+- list_kernel (a program a row): an unlisted entry has x < xf, so l = div_rn(x, T) <= Lx =
+  div_rn(xf, T) (IEEE division is monotone): the listed entries with l > Lx are exactly the
+  row's entries above Lx. Their exact masses settle the row when float64(sum) >= p * S (every
+  entry at or below Lx then has that much mass above it and is dropped): v* is the smallest key
+  kappa among them with float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_few`), the
+  token the Gumbel argmax over the listed entries with key >= kappa. Other rows (a list that
+  overflowed or holds less than p of the mass) take BINS; settled rows count in `listed`.
+- lean pass: a BINS row whose entries from the bracket's first possible bin up number at most
+  LCAP gets L (at or below every entry of that bin) and xf (div_rn(x, T) >= L => x >= xf);
+  `lean_collect` (pass 3) lists the columns of x >= xf, `after_lean` (the finish's step) keeps
+  those with l >= L, exactly the row's upper set {l >= L}, and resolves the bracket's candidates
+  among them (`bracket.resolve_keys`); an overflow or a bracket that does not certify starts
+  HIST (counted in `fallbacks`), settled rows count in `leans`.
+Nothing is estimated: lists only choose which entries are examined. List layout: a lane appends
+through one of LG counters of the row's line (`cand_n`), so the lanes of one instruction do not
+queue on one address; group g's i-th entry takes slot i * LG + g, readers skip the holes
+(`list_slot_valid`), and a group past LCAP / LG counts without storing, an overflow for the
+readers (`list_depth`).
 """
 import triton
 import triton.language as tl
