@@ -2,7 +2,7 @@
 `KernelConfig` is built, never an error inside a kernel's compilation or launch."""
 import pytest
 
-from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.launcher import KernelConfig
 
 BAD = [("block", 100), ("scan_cols", 3), ("plain_scan_cols", -512), ("cap", 1 << 17), ("small", 6),
        ("pivots", 512), ("bins", 3), ("hist_bins", 1000), ("num_warps", 64), ("hist_warps", 3), ("hist_block", 0),

@@ -1,4 +1,4 @@
-"""One gate decides where kernels run (`kernels.gate.kernels_wanted`): on CPU only when both
+"""One gate decides where kernels run (`kernels.launcher.kernels_wanted`): on CPU only when both
 TPSAMPLE_KERNELS_ON_CPU=1 and TRITON_INTERPRET=1 (the sampling kernels), never for the engine's
 CUDA-only kernels; every path that picks kernels asks it."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tpsample.kernels.gate import kernels_wanted  # noqa: E402
+from tpsample.kernels.launcher import kernels_wanted  # noqa: E402
 
 
 @pytest.mark.parametrize("env,want", [({}, False), ({"TPSAMPLE_KERNELS_ON_CPU": "1"}, False),
@@ -24,7 +24,7 @@ def test_cpu_kernels_need_both_switches(monkeypatch, env, want):
 
 def test_every_kernel_path_asks_the_one_gate(monkeypatch):
     from tpsample.engine import runner
-    from tpsample.kernels import gate as config
+    from tpsample.kernels import launcher as config
     from tpsample.model import llama as layers
     from tpsample.sampling import kernel_backend as fastpath
     from tpsample.sampling import keys

@@ -212,7 +212,7 @@ def test_skip_bounds_hold_at_extreme_magnitudes(cfg):
 def _paths(x, rows, cfg, col_offset=0):
     """(rows the list kernel settled, rows the lean pass settled, rows that fell back to the
     exact search) of one checked call."""
-    from tpsample.kernels.config import fallback_counter, lean_counter, listed_counter
+    from tpsample.kernels.launcher import fallback_counter, lean_counter, listed_counter
     counters = [f(torch.device(DEV)) for f in (listed_counter, lean_counter, fallback_counter)]
     before = [int(c.item()) for c in counters]
     check(x, rows, cfg, col_offset=col_offset)

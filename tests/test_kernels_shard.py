@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.launcher import KernelConfig
 from tpsample.numerics import row_chunks
 from tpsample.sampling import processors as P
 from tpsample.sampling.draw import local_argmax, local_gumbel_draw
@@ -28,9 +28,9 @@ def shard(triton_interpreter):
     decides at import)."""
     from types import SimpleNamespace
 
-    from tpsample.kernels import shard, shard_summary
-    return SimpleNamespace(front=shard.front, gumbel_draw=shard.gumbel_draw, top_values=shard_summary.top_values,
-                           tie_counts=shard_summary.tie_counts)
+    from tpsample.kernels import shard
+    return SimpleNamespace(front=shard.front, gumbel_draw=shard.gumbel_draw, top_values=shard.top_values,
+                           tie_counts=shard.tie_counts)
 
 
 T = torch.tensor([0.7, 0.0, 1.3, 1.0, 2.0, 0.9])

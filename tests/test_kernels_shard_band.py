@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from tpsample import noise
-from tpsample.kernels.config import KernelConfig
+from tpsample.kernels.launcher import KernelConfig
 from tpsample.numerics import mass_shift
 from tpsample.sampling.rounds import topp_band as tb
 

@@ -1,5 +1,5 @@
 """Probe kernels of `tpsample.kernels` device helpers (`tlutil`, the noise twin included, the
-searches of `sample.state` and the scan's skip test) for tests/test_kernels_fast_division.py,
+key searches and the scan's skip test) for tests/test_kernels_fast_division.py,
 tests/test_interpreter_speedup.py, tests/test_kernels_skip_test.py,
 tests/test_kernels_mass_search.py and tests/test_kernels_rng.py, imported inside the tests, after
 the interpreter switch (triton.jit picks interpreted or compiled when this module is imported)."""
@@ -7,10 +7,17 @@ import torch
 import triton
 import triton.language as tl
 
-from tpsample.kernels.sample.hist import fast_division_ok
+from tpsample.kernels.sample.lists import fast_division_ok
 from tpsample.kernels.sample.scan import may_win_fast, win_bound
-from tpsample.kernels.sample.state import bisection_steps, min_key_mass_below, min_key_mass_few
-from tpsample.kernels.tlutil import claim_slots, div_by, gumbel_from_bits, uniform_bits
+from tpsample.kernels.tlutil import (
+    bisection_steps,
+    claim_slots,
+    div_by,
+    gumbel_from_bits,
+    min_key_mass_below,
+    min_key_mass_few,
+    uniform_bits,
+)
 
 
 @triton.jit

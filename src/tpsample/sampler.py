@@ -308,7 +308,7 @@ class Sampler:
         device counts here) whose filter candidates did not fit or whose top-p bracket did not
         certify, so that they took the exact one-program-per-row search; reads the device (not
         for hot paths). Divide by the rows sampled for the rate."""
-        from .kernels.config import fallback_counter
+        from .kernels.launcher import fallback_counter
         return 0 if self.device is None else int(fallback_counter(self.device).item())
 
     def kernel_listed_rows(self) -> int:
@@ -316,7 +316,7 @@ class Sampler:
         device counts here) whose top-p without top-k was settled from one list of columns (the
         fast case: the entries above a bound guessed from the row's block maxima hold the kept
         set). Reads the device (not for hot paths)."""
-        from .kernels.config import listed_counter
+        from .kernels.launcher import listed_counter
         return 0 if self.device is None else int(listed_counter(self.device).item())
 
     def kernel_lean_rows(self) -> int:
@@ -326,7 +326,7 @@ class Sampler:
         from the bracket up (at most about 2 x KernelConfig.cap), listed by one compare and
         resolved per row (rows keeping more entries take the collect pass).
         Reads the device (not for hot paths)."""
-        from .kernels.config import lean_counter
+        from .kernels.launcher import lean_counter
         return 0 if self.device is None else int(lean_counter(self.device).item())
 
     def output_token_ids(self, req_id: str) -> list[int]:

@@ -24,7 +24,7 @@ import statistics
 
 import torch
 
-from ..kernels.config import KernelConfig, fallback_counter, lean_counter, listed_counter
+from ..kernels.launcher import KernelConfig, fallback_counter, lean_counter, listed_counter
 from ..term import table
 from .report import copy_bandwidth, finish, kernel_us, profiled_us
 from .report import print_table as print_whole

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import tpsample
-from tpsample.kernels.gate import kernels_wanted
+from tpsample.kernels.launcher import kernels_wanted
 from tpsample.engine.blocks import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv

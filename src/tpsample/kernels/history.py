@@ -12,7 +12,7 @@ copy's only readers) keep it: the others skip the search and the moves, which gr
 history. Each new token goes into the ascending row after its equals: a binary search for the
 place, then the larger entries move up by one, a block at a time from the top (a barrier
 between the loads and the stores of each block, since the threads of the program share the
-row). The torch version (`tpsample.state.history.History.append` without a kernel) gives the
+row). The torch version (`tpsample.state.store.History.append` without a kernel) gives the
 same tables.
 
 `apply_penalties_(l, col_start, rows, slots, seq, prompt_table, prompt_width, f32_table, columns)`

@@ -37,15 +37,11 @@ Never imports the sampling layers.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from .config import DEFAULT, KernelConfig, num_splits
-from .gate import interpreting
-from .launcher import Launcher
+from .launcher import DEFAULT, KernelConfig, Launcher, interpreting, split_shape
 from .tlutil import BIG_ID32, NEG_INF, fexp, gumbel
 
 
@@ -190,12 +186,6 @@ def _exact_exp(l: torch.Tensor) -> bool:
     return l.is_cuda and not interpreting()
 
 
-def _shape(n: int, cols: int, dev, cfg: KernelConfig) -> tuple[int, int]:
-    """(splits, columns a split) for n band rows, as `stats.split_shape` picks them."""
-    splits = num_splits(n, cols, dev, cfg)
-    return splits, max(cfg.block, math.ceil(math.ceil(cols / splits) / cfg.block) * cfg.block)
-
-
 def band_histogram(l: torch.Tensor, rows: torch.Tensor, num_bins: int, bin_scale: float,
                    cfg: KernelConfig = DEFAULT) -> torch.Tensor:
     """[n, num_bins + 1] fp32: `topp_band.local_histogram(l, rows)` (see the module docstring)."""
@@ -203,7 +193,7 @@ def band_histogram(l: torch.Tensor, rows: torch.Tensor, num_bins: int, bin_scale
     n, cols, dev = rows.numel(), l.shape[1], l.device
     if n == 0:
         return torch.zeros((0, num_bins + 1), dtype=torch.float32, device=dev)
-    splits, chunk = _shape(n, cols, dev, cfg)
+    splits, chunk = split_shape(n, cols, dev, cfg)
     rows = rows.to(dev, torch.int64).contiguous()
     maxima = torch.empty(n * splits, dtype=torch.float32, device=dev)
     bins = torch.zeros((n, num_bins), dtype=torch.float64, device=dev)
@@ -236,7 +226,7 @@ def band_partials(l: torch.Tensor, rows: torch.Tensor, thr: torch.Tensor, a: tor
            "top": torch.empty((n, num_sub), dtype=f32, device=dev)}
     if n == 0:
         return out
-    splits, chunk = _shape(n, cols, dev, cfg)
+    splits, chunk = split_shape(n, cols, dev, cfg)
     parts = {k: torch.empty((n * splits,) + v.shape[1:], dtype=v.dtype, device=dev) for k, v in out.items()}
     per_row = [t.to(dev, f32).contiguous() for t in (thr, a, b, inv, m)]
     keys = [k.to(dev, i64).contiguous() for k in (key0, key1)]

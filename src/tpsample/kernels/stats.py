@@ -12,15 +12,13 @@ id). combine_kernel, grid (rows,): merges the splits (sum-exp in fp64).
 `raw_logprobs(...)`: a step's raw logprob rows (the sampled token, then the top-n) from one
 `token_logprob_stats` pass, laid out by one kernel for the rows that want them.
 """
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from ..numerics import next_pow2
-from .config import KernelConfig, num_splits
-from .launcher import Launcher, stream_scratch
+from .launcher import DEFAULT, KernelConfig, Launcher, split_shape, stream_scratch
 from .tlutil import (
     BIG_ID32,
     NEG_INF,
@@ -163,20 +161,14 @@ def _launcher(kernel) -> Launcher:
     return got
 
 
-def split_shape(x, cfg: KernelConfig):
-    rows, cols = x.shape
-    splits = num_splits(rows, cols, x.device, cfg)
-    chunk = max(cfg.block, math.ceil(math.ceil(cols / splits) / cfg.block) * cfg.block)
-    return rows, cols, splits, chunk
-
-
 def launch_stats(x, temperature, threshold, values, n: int, lse: bool, col_offset: int, cfg: KernelConfig,
                  tokens=None):
     """(max [R], argmax global id [R], lse [R] | None, top_v [R, n], top_i [R, n], count [R] | None).
     tokens: global ids [R] int64 whose transformed values take the place of `values`."""
     if x.stride(1) != 1:
         raise ValueError("x must have unit column stride")
-    rows, cols, splits, chunk = split_shape(x, cfg)
+    rows, cols = x.shape
+    splits, chunk = split_shape(rows, cols, x.device, cfg)
     dev = x.device
     np_ = next_pow2(n)
     f32, i64 = torch.float32, torch.int64
@@ -272,3 +264,25 @@ def raw_logprobs(tokens, x, col_offset: int, lse, top_v, top_i, above, i64_table
                 top_i.contiguous(), n, above, i64_table, i64_table.stride(0), slots, ids, vals, ranks, width,
                 WP=next_pow2(width), HAS_T=temperature is not None, **columns)
     return ids, vals, ranks
+
+
+def logprob_stats(x, *, temperature=None, threshold=None, n: int = 0, col_offset: int = 0,
+                  cfg: KernelConfig = DEFAULT):
+    """Per-row (max [R] fp32, lse [R] fp32, top_vals [R, n] fp32, top_ids [R, n] int64 global)
+    of the transform l = fp32(x) (/ T for rows with T != 0 when `temperature` is given; entries
+    < `threshold` [R] -> -inf when given, the processed kept-set row; NaN -> -inf).
+    lse sums exp(l - max) in fp32 per block and fp64 across (error ~1e-6); +-inf max -> lse = max.
+    top-n: value desc, ties -> lower id; (-inf, -1) pads rows shorter than n."""
+    mx, _, lse, tv, ti, _ = launch_stats(x, temperature, threshold, None, n, True, col_offset, cfg)
+    return mx, lse, tv, ti
+
+
+def token_logprob_stats(x, values, n: int, *, col_offset: int = 0, cfg: KernelConfig = DEFAULT, tokens=None,
+                        temperature=None):
+    """One pass over l = fp32(x) (NaN -> -inf; / T for rows with T != 0 when `temperature` [R] is
+    given) for the logprobs of sampled tokens whose values [R] fp32 are `values` (or, with
+    `tokens` [R] int64 global ids instead, the values of l at those ids): (lse [R] fp32, top_vals
+    [R, n], top_ids [R, n] global ids, count [R] int64 of entries strictly greater than values,
+    i.e. rank - 1)."""
+    _, _, lse, tv, ti, cnt = launch_stats(x, temperature, None, values, n, True, col_offset, cfg, tokens=tokens)
+    return lse, tv, ti, cnt

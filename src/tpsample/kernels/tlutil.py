@@ -56,7 +56,7 @@ def div_by(x, t, y):
     2**-100 <= |x| <= 2**100 and 2**-20 <= T <= 2**20 (and x = 0). No per-entry reciprocal and no
     slow-path branch, which is what `div_t`'s division costs per entry. Outside that range the
     result is near x / T, or NaN for infinite x: callers use it only where that cannot change
-    what they compute (`hist.fast_division_ok`)."""
+    what they compute (`lists.fast_division_ok`)."""
     q0 = x * y
     r = tl.fma(-q0, tl.zeros_like(x) + t, x)
     return tl.fma(r, tl.zeros_like(x) + y, q0)
@@ -303,3 +303,111 @@ def gumbel_from_bits(u):
 def gumbel(key0, key1, token_ids):
     """g(key, id): the draw noise for global token ids."""
     return gumbel_from_bits(uniform_bits(key0, key1, token_ids))
+
+
+@triton.jit
+def may_win(l, u, best_v):
+    """False only where fp32(l' + g(u)) < best_v for every l' within 3 ulp of l (so l may be
+    x / T itself or x * (1 / T)): the noise then cannot lift the entry to the best so far.
+    g = -log(-log1p(-W)) <= -log W, and W >= W' = (u >> 9) * 2**-23 (W' has only u's bits: no
+    conversion), so a winner has W' <= exp(l - best_v + margin); the margin covers the fp32
+    roundings of g, of the sum and of l, and the fast exp. l below -FLT_MAX (overflowed) is
+    taken as -FLT_MAX, within that margin; best_v = -inf passes everything."""
+    l = tl.maximum(l, -3.4028234663852886e38)
+    w_lo = ((u >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return w_lo <= tl.exp(l - best_v + (1e-3 + 2e-6 * (tl.abs(l) + tl.abs(best_v))))
+
+
+# ---- exact searches over a row's candidate keys --------------------------------------------
+# keys the search for v* settles at once, pairwise (`min_key_mass_few`), and the int32
+# words of its scratch (2 * FEW + 1 int64 words) at the start of a row's hist words
+SEARCH_FEW = 32
+SCRATCH_WORDS = 4 * SEARCH_FEW + 2
+FEW = tl.constexpr(SEARCH_FEW)
+
+
+@triton.jit
+def bisection_steps(d):
+    """The halvings that take an integer interval of size d >= 1 down to 1: d's bit length (exact
+    through float64 for d < 2**53), as int32; 33, the full key range's count, when d < 1."""
+    e = (d.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF
+    return tl.where(d >= 1, e - 1022, 33).to(tl.int32)
+
+
+@triton.jit
+def max_key_with_count(keys, valid, k):
+    """Largest key kappa with #(valid keys >= kappa) >= k, by bisection (keys int64 in [0, 2**32);
+    the caller ensures at least k valid keys). The search starts from the valid keys' own range
+    and takes only the steps it needs (the same kappa as over [0, 2**32): it is the k-th largest
+    key), else from the whole range."""
+    kmin = tl.min(tl.where(valid, keys, 1 << 32), axis=0)
+    kmax = tl.max(tl.where(valid, keys, -1), axis=0)
+    narrow = (k >= 1) & (tl.sum(valid.to(tl.int32), axis=0) >= k)
+    lo = tl.where(narrow, kmin, 0)
+    hi = tl.where(narrow, kmax + 1, 1 << 32)
+    for _ in range(bisection_steps(hi - lo)):    # a fixed count: a reduction inside a while loop raced on Triton 3.6
+        mid = (lo + hi) >> 1
+        ok = tl.sum((valid & (keys >= mid)).to(tl.int32), axis=0) >= k
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return lo
+
+
+@triton.jit
+def min_key_mass_below(keys, e, base, target, lo, hi):
+    """Smallest kappa in (lo, hi] with float64(base + sum(e where keys > kappa)) < target, by
+    bisection; the caller ensures it holds at hi and fails at lo (masses int64, exact sums). It
+    takes the bit length of hi - lo steps (a bracket's candidates span a few bins: ~15 instead of
+    the full key range's 33), after which lo + 1 == hi."""
+    for _ in range(bisection_steps(hi - lo)):
+        mid = (lo + hi) >> 1
+        ok = (base + tl.sum(tl.where(keys > mid, e, 0), axis=0)).to(tl.float64) < target
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return hi
+
+
+@triton.jit
+def min_key_mass_few(keys, e, base, target, lo, hi, n_lo, scratch, FEW: tl.constexpr, PTX: tl.constexpr):
+    """`min_key_mass_below`'s kappa (the same value) in fewer reductions, for keys int64 in
+    [0, 2**32) with -1 for a non-candidate (e 0 there) and none above hi; n_lo = #(keys > lo).
+    It bisects only while more than FEW keys lie in (lo, hi] (a count beside each step's mass),
+    then settles kappa among those keys at once: kappa is the smallest of them, c, with
+    float64(f(c)) < target, f(c) = f(hi) + the mass of those above c (the largest one passes, as
+    f(hi) does; there is one, as f(hi) < target <= f(lo)). They are gathered in `scratch`
+    (2 * FEW + 1 int64 words of the program's, free once every warp has passed the caller's last
+    reduction) through a counter there (`claim_where` and `store_where`, PTX as there: fewer
+    registers than Triton's own scattered int64 stores). Rows whose candidates crowd one key
+    range (ties) bisect to lo + 1 == hi as before."""
+    f_hi = base
+    n_hi = tl.zeros((), tl.int32)
+    for _ in range(bisection_steps(hi - lo)):    # a fixed count (see `max_key_with_count`)
+        if n_lo - n_hi > FEW:
+            mid = (lo + hi) >> 1
+            above = keys > mid
+            f = base + tl.sum(tl.where(above, e, 0), axis=0)
+            n = tl.sum(above.to(tl.int32), axis=0)
+            ok = f.to(tl.float64) < target
+            hi = tl.where(ok, mid, hi)
+            f_hi = tl.where(ok, f, f_hi)
+            n_hi = tl.where(ok, n, n_hi)
+            lo = tl.where(ok, lo, mid)
+            n_lo = tl.where(ok, n_lo, n)
+    thr = hi
+    if hi - lo > 1:
+        n = n_lo - n_hi
+        inb = (keys > lo) & (keys <= hi)
+        counter = (scratch + 2 * FEW).to(tl.pointer_type(tl.int32))
+        tl.store(counter, 0)
+        tl.debug_barrier()       # (and every warp is past the caller's reads of the scratch)
+        pos = claim_where(counter + tl.zeros_like(inb.to(tl.int32)), inb, PTX)
+        store_where(scratch, pos, keys, inb, PTX)
+        store_where(scratch + FEW, pos, e, inb, PTX)
+        tl.debug_barrier()
+        j = tl.arange(0, FEW)
+        cj = tl.load(scratch + j, mask=j < n, other=-1)
+        ej = tl.load(scratch + FEW + j, mask=j < n, other=0)
+        f = f_hi + tl.sum(tl.where(cj[None, :] > cj[:, None], ej[None, :], 0), axis=1)
+        good = (j < n) & (f.to(tl.float64) < target)
+        thr = tl.min(tl.where(good, cj, hi), axis=0)
+    return thr

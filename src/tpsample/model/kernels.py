@@ -42,8 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpsample.kernels.gate import interpreting
-from tpsample.kernels.launcher import cdiv
+from tpsample.kernels.launcher import cdiv, interpreting
 from tpsample.numerics import next_pow2
 
 LOG2E = 1.4426950408889634

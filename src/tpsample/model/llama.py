@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpsample.kernels.gate import kernels_wanted
+from tpsample.kernels.launcher import kernels_wanted
 from tpsample.model.attention import AttentionMetadata, PagedAttention
 from tpsample.model.config import ModelConfig, RopeConfig
 from tpsample.model.parallel_layers import (

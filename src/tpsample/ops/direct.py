@@ -57,8 +57,8 @@ def _lp_rows(n: int, lp: int, dev) -> tuple:
 def _launch(x, params: tuple, hints: int, lp: int, outs: tuple, lp_rows) -> None:
     """The route's launches, writing into `outs` (`_outputs`)."""
     from ..kernels import step_ops
-    from ..kernels.sample import sample_rows, token_logprob_stats
-    from ..kernels.stats import raw_logprobs
+    from ..kernels.sample import sample_rows
+    from ..kernels.stats import raw_logprobs, token_logprob_stats
     n, dev = x.shape[0], x.device
     bufs, valid = stream_scratch(dev, ("ops_rows", n), lambda: (step_ops.row_buffers(n, dev),
                                                                  torch.empty(n, dtype=torch.bool, device=dev)))

@@ -131,7 +131,7 @@ def logprobs_impl(logits, token_ids, top_n: int, col_start: int, red=None):
         return (tokens.new_empty((0, 1 + top_n)), logits.new_empty((0, 1 + top_n), dtype=torch.float32),
                 tokens.new_empty((0,)))
     if isinstance(red, LocalRows) and rows and cols and kernel_path(logits):
-        from ..kernels.sample import token_logprob_stats
+        from ..kernels.stats import token_logprob_stats
         lse, top_v, top_i, above = token_logprob_stats(logits, None, top_n, col_offset=col_start, tokens=tokens)
         local = (tokens - col_start).clamp(0, cols - 1).unsqueeze(1)
         v = logits.gather(1, local).squeeze(1).float()

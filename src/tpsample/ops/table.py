@@ -30,8 +30,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..kernels.config import RowHints
-from ..kernels.gate import kernels_wanted
+from ..kernels.launcher import RowHints, kernels_wanted
 from ..parallel import auto
 from ..parallel.auto import Features, static_costs
 from ..parallel.collectives import Collectives

@@ -22,8 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..kernels.config import row_hints
-from ..kernels.gate import kernels_wanted
+from ..kernels.launcher import kernels_wanted, row_hints
 from ..noise import SALT_DRAW, SALT_XTC, uniform01
 from ..state.columns import LP_LOGITS, LP_TEMPERATURE
 from ..state.rows import HostRows, RowBatch
@@ -41,7 +40,7 @@ def _kernels() -> SimpleNamespace:
 
 
 def kernels_apply(x: torch.Tensor) -> bool:
-    """The kernels sample rows of x: a kernel device (`kernels.gate.kernels_wanted`) and unit
+    """The kernels sample rows of x: a kernel device (`kernels.launcher.kernels_wanted`) and unit
     column stride."""
     return x.stride(1) == 1 and kernels_wanted(x.device)
 
@@ -192,7 +191,7 @@ def _raw_logprobs(l_raw: torch.Tensor, tokens: torch.Tensor, b: RowBatch, col_st
     n = b.logprobs_max
     div = _lp_divisor(b, l_raw.device)
     # the count of entries above the sampled token's value (NaN as -inf), read in the pass itself
-    lse, top_v, top_i, above = k.sample.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens,
+    lse, top_v, top_i, above = k.stats.token_logprob_stats(l_raw, None, n, col_offset=col_start, tokens=tokens,
                                                             temperature=div)
     if b.host.lp_kind is not None and (b.host.lp_kind == LP_LOGITS).any():    # raw logits: the values themselves
         lse = torch.where(b.column("lp_kind").to(lse.device) == LP_LOGITS, torch.zeros_like(lse), lse)

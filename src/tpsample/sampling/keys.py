@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import noise
-from ..kernels.gate import kernels_wanted
+from ..kernels.launcher import kernels_wanted
 
 _OK: dict = {}
 
@@ -31,14 +31,14 @@ def _kernel_ok(t: torch.Tensor) -> bool:
 def _kernel_fns() -> SimpleNamespace:
     """The per-step kernels, imported on first use (triton.jit picks interpreted or compiled when
     a kernel module is imported) and kept, so a step runs no import statement."""
-    from ..kernels import shard, shard_band, shard_summary
+    from ..kernels import shard, shard_band
     from ..kernels.history import append_history, apply_penalties_
     from ..kernels.step_ops import mask_nans_, row_keys
     return SimpleNamespace(append_history=append_history, apply_penalties_=apply_penalties_, mask_nans_=mask_nans_,
                            row_keys=row_keys,
                            shard=SimpleNamespace(front=shard.front, gumbel_draw=shard.gumbel_draw,
-                                                 top_values=shard_summary.top_values,
-                                                 tie_counts=shard_summary.tie_counts, MAX_TOP=shard_summary.MAX_TOP,
+                                                 top_values=shard.top_values,
+                                                 tie_counts=shard.tie_counts, MAX_TOP=shard.MAX_TOP,
                                                  band_histogram=shard_band.band_histogram,
                                                  band_partials=shard_band.band_partials))
 
@@ -84,8 +84,8 @@ SHARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def shard_passes(x: torch.Tensor):
-    """The shard-pass kernels (`kernels.shard`: front, gumbel_draw; `kernels.shard_summary`:
-    top_values, tie_counts, MAX_TOP; `kernels.shard_band`: band_histogram, band_partials) for
+    """The shard-pass kernels (`kernels.shard`: front, gumbel_draw, top_values, tie_counts,
+    MAX_TOP; `kernels.shard_band`: band_histogram, band_partials) for
     rows x, or None (torch ops then): kernels run on x's device and read its layout (fp32, bf16
     or fp16 with unit column stride). TPSAMPLE_SHARD_KERNELS=0 keeps vocab_parallel's shard on the
     torch passes (the same tokens; a switch for a device where a shard kernel misbehaves)."""

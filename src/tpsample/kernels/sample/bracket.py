@@ -1,35 +1,25 @@
-"""Top-p without top-k when the list does not settle the row: the bracket method (stage BINS).
+"""Top-p without top-k when the list does not settle the row: the bracket method (stage BINS;
+docs/kernels.md, "How `sample_rows` works" 5). After the scan (m = max(l), the block maxima)
+and the hist pass (the row's exact int64 mass S):
 
-Rows with top-p and no top-k (min-p allowed) are first resolved from one list of columns
-(lists.py). A row whose list overflowed or does not hold p of its mass (a flat row that
-keeps more entries than the list has room for) takes the bracket method, after the scan
-(pass 1: m = max(l) and the maximum of every block of BB columns) and the hist pass that gave
-its exact int64 mass S:
-
-- select (already for every such row): a range [lo, m] that must hold v*: every dropped entry
-  is <= v*, they carry more than (1 - p) of S, and there are at most V of them, so
-  exp(v* - m) > (1 - p) S / V, i.e. v* >= m + log((1 - p) * S_lo / V) with
-  S_lo <= S/2**shift: the sum of exp(b - m) over the block maxima b, distinct entries of the row
-  (1 with min-p, where S counts only entries >= t1). lo is that bound less a margin, and never
-  below t1.
-- the bins pass (`hist.hist_kernel` with BINS, rows x splits): an exact count histogram
-  of the entries in [lo, m] over NBH bins uniform in value, bin(l) = min(floor((l - lo) * inv),
-  NBH - 1) in fp32 (monotone in l, so bins are value intervals); global atomics, only for
-  entries in range. Its last program a row makes the row's `bracket_row`: from the counts,
-  bounds of the mass above each bin (count x exp of the bin's edges, with margins) against the
-  exact target p * S give the bins that surely hold kept entries and those that surely do not;
-  v* lies in the bins between (the bracket), whose count is exact. Few entries from the
-  bracket up: stage LEAN (lists.py); else BRACKET.
-- round (pass 3, `collect_bracket`): the bracket's entries become candidates (key, column);
-  entries above the bracket, all kept, give their exact mass and their Gumbel winner.
+- select (every such row): a range [lo, m] that must hold v*: the dropped entries carry more
+  than (1 - p) of S and there are at most V of them, so v* >= m + log((1 - p) * S_lo / V) with
+  S_lo <= S / 2**shift the sum of exp(b - m) over the block maxima b (1 with min-p, where S
+  counts only entries >= t1); lo is that bound less a margin, never below t1.
+- the bins pass (`lists.hist_kernel` with BINS): an exact count histogram of [lo, m] over NBH
+  bins uniform in value, bin(l) = min(floor((l - lo) * inv), NBH - 1) in fp32 (monotone in l);
+  its last program a row makes `bracket_row`: bounds of the mass above each bin (count x exp of
+  its edges, with margins) against p * S give the bins that surely hold kept entries and those
+  that surely do not; v* lies in the bins between (the bracket), whose count is exact. Few
+  entries from the bracket up: stage LEAN (lists.py); else BRACKET.
+- round (pass 3, `collect_bracket`): the bracket's entries become candidates; entries above it,
+  all kept, give their exact mass and their Gumbel winner.
 - finish (`resolve_bracket`): v* from the candidates' exact masses, certified exactly:
-  float64(mass above the bracket) < p * S <= float64(that + the candidates' mass). The token
-  is the better of the winner above the bracket and the kept candidates' Gumbel argmax.
-A bracket of more than CAP entries is first narrowed to CAP entries around the bin where v* is
-estimated to lie (`narrow_bracket`; the certificate above decides). A row whose bracket still
-holds more than CAP entries, or does not certify, starts the exact search (stage HIST) and is
-counted in `fallbacks`. Histograms and bounds only choose which entries are
-examined; every decision is on exact integers or keys, so tokens equal the definition's.
+  float64(mass above the bracket) < p * S <= float64(that + the candidates' mass); the token is
+  the better of the winner above and the kept candidates' Gumbel argmax.
+A bracket of more than CAP entries is first narrowed around the bin where v* is estimated
+(`narrow_bracket`); one that still holds more, or does not certify, starts the exact search
+(stage HIST, counted in `fallbacks`). Every decision is on exact integers or keys.
 """
 import triton
 import triton.language as tl
@@ -44,19 +34,13 @@ from ..tlutil import (
     kept_mass,
     key_to_float,
     mass,
+    may_win,
+    min_key_mass_below,
     pair_max,
     uniform_bits,
 )
-from .scan import may_win
-from .state import (
-    BRACKET,
-    DONE,
-    append_candidates,
-    draw_candidates,
-    min_key_mass_below,
-    start_search,
-)
-from .state import LEAN as LEAN_STAGE
+from .scan import BRACKET, DONE, append_candidates, draw_candidates, start_search
+from .scan import LEAN as LEAN_STAGE
 
 
 @triton.jit

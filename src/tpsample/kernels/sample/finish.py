@@ -1,4 +1,4 @@
-"""The per-row step after each round of `sample_rows` (grid (rows,)); see sample_state.py.
+"""The per-row step after each round of `sample_rows` (grid (rows,)); the stages: launch.py.
 
 - after DRAW: combine the splits' (value, column) winners; no kept entry -> the guard token.
 - after COLLECT: more than CAP candidates -> start the exact search. Else sort the candidate keys
@@ -23,11 +23,13 @@ from ..tlutil import (
     argmax_pair,
     key_to_float,
     mass,
+    max_key_with_count,
+    min_key_mass_below,
     order_key,
 )
 from .bracket import resolve_bracket, settle
 from .lists import after_lean
-from .state import (
+from .scan import (
     BRACKET,
     CN,
     COLLECT,
@@ -40,8 +42,6 @@ from .state import (
     PHASE_TOPP,
     draw_candidates,
     eligible_key,
-    max_key_with_count,
-    min_key_mass_below,
     start_search,
     window_shift,
     zero_counters,

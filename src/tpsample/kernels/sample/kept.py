@@ -23,8 +23,7 @@ import triton
 import triton.language as tl
 
 from ..tlutil import BIG_ID32, KEY_NEG_INF, NEG_INF, argmax_pair, div_t, gumbel, mass, order_key, pair_max
-from .scan import fp32_nonan, row_flags, sigma_on
-from .state import FILTER, GREEDY
+from .scan import FILTER, GREEDY, fp32_nonan, row_flags, sigma_on
 
 POS_INF = tl.constexpr(float("inf"))
 

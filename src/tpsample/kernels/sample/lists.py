@@ -1,72 +1,64 @@
-"""Top-p without top-k from lists of columns: the guessed list and the list kernel, then, for the
-rows it leaves, the lean pass (stage LEAN).
+"""Top-p without top-k from lists of columns (docs/kernels.md, "How `sample_rows` works" 5):
+the hist pass builds each row's guessed list, the list kernel resolves it; the lean pass (stage
+LEAN) lists the columns of the rows the bracket narrows.
 
-The guessed list. The select kernel guesses an x bound xf for each such row from the block
-maxima (`select.list_bound`: the k-th largest block maximum, k from `launch.list_blocks`, so
-that about `KernelConfig.list_room` entries lie above it on exchangeable rows). The hist pass
-(hist.py) sums the row's exact int64 mass S and appends the column of every x >= xf to the
-row's list, and its x beside it. Then `list_kernel`, one program a row, resolves the row from
-that list alone:
-
-- an unlisted entry has x < xf, so its l = div_rn(x, T) <= Lx = div_rn(xf, T) (IEEE division is
-  monotone); the listed entries with l > Lx are therefore exactly the row's entries above Lx,
-  and every entry above one of them is listed too;
-- their exact masses e (the hist pass's `kept_mass`, entry for entry) settle the row when
-  float64(sum e) >= p * S: every entry with l <= Lx then has at least that mass strictly above it
-  and is dropped, and v* is the smallest key kappa among the listed ones with
-  float64(mass of keys > kappa) < p * S (`state.min_key_mass_few`);
-- the token is the Gumbel argmax over the listed entries with key >= kappa.
-
-Nothing is estimated: the list only chooses which entries are examined, every decision is on
-exact integers or keys. A row whose list overflowed, or whose list holds less than p of the mass
-(a flat row that keeps more entries than the list has room for), takes the bracket method
-instead (stage BINS, bracket.py); rows resolved here are counted in
-`kernels.config.listed_counter`.
-
-The lean pass. For those rows the bracket bounds the bins that surely hold only dropped
-entries; when the entries from the first other bin up number at most LCAP (twice CAP: the
-candidate key list's bytes, read as int32 ids), the bins pass's `bracket_row` marks the row LEAN
-and stores
-- L: a value at or below every entry of that bin, and
-- xf: an x bound with div_rn(x, T) >= L  =>  x >= xf (so the pass never divides).
-`lean_collect` (the round kernel's pass for LEAN rows, pass 3) appends the column of every
-x >= xf to the row's id list through its atomic counter: one compare per entry, no division,
-no exponential, no noise. `after_lean` (the finish kernel's step for LEAN rows) reads the listed
-entries back (a gather), keeps those with l = x / T >= L, which is exactly the upper set
-{l >= L} of the row; of those, the entries of the bins above the bracket are all kept (exact
-int64 mass and Gumbel winner here), the others are the bracket's candidates, resolved by
-`bracket.resolve_keys`: v* from exact masses, certified by float64(mass above) < p * S <=
-float64(mass above + candidates' mass). A list that overflowed, or a bracket that does not
-certify, starts the exact search (stage HIST) and is counted in `fallbacks`. Rows resolved here
-are counted in `leans`.
-
-List layout: a lane appends through one of LG counters of the row's counter line (`cand_n`),
-so the 32 lanes of one warp instruction do not queue on one address; group g's i-th entry takes
-slot i * LG + g, the readers skip the holes (`list_slot_valid`), and a group past LCAP / LG
-counts without storing, which the readers see as an overflow (`list_depth`).
+- hist_kernel (rows x splits), BINS off (stage LIST rows): each split's exact int64 mass of the
+  eligible entries (the row's S is their sum) and the column of every x >= the select kernel's
+  bound xf appended to the row's list with its x. BINS on (stage BINS rows, those the list left):
+  an exact count histogram of [lo, m] over NBH bins (`bracket.bin_of`); the row's last program
+  to arrive (a block barrier, then an acq_rel atomic on the row's arrival count, which the list
+  kernel zeroed) makes the row's bracket (`bracket.bracket_row`), so no bracket kernel runs.
+  Compiled for CUDA its atomics and stores are per-lane PTX (`tlutil.count_where`,
+  `claim_where`, `store_where`, `claim_slots`) and x / T takes no division where
+  `fast_division_ok` holds; the interpreter runs `tl.atomic_add` and `div_rn`.
+- list_kernel (a program a row): an unlisted entry has x < xf, so l = div_rn(x, T) <= Lx =
+  div_rn(xf, T) (IEEE division is monotone): the listed entries with l > Lx are exactly the
+  row's entries above Lx. Their exact masses settle the row when float64(sum) >= p * S (every
+  entry at or below Lx then has that much mass above it and is dropped): v* is the smallest key
+  kappa among them with float64(mass of keys > kappa) < p * S (`tlutil.min_key_mass_few`), the
+  token the Gumbel argmax over the listed entries with key >= kappa. Other rows (a list that
+  overflowed or holds less than p of the mass) take BINS; settled rows count in `listed`.
+- lean pass: a BINS row whose entries from the bracket's first possible bin up number at most
+  LCAP gets L (at or below every entry of that bin) and xf (div_rn(x, T) >= L => x >= xf);
+  `lean_collect` (pass 3) lists the columns of x >= xf, `after_lean` (the finish's step) keeps
+  those with l >= L, exactly the row's upper set {l >= L}, and resolves the bracket's candidates
+  among them (`bracket.resolve_keys`); an overflow or a bracket that does not certify starts
+  HIST (counted in `fallbacks`), settled rows count in `leans`.
+Nothing is estimated: lists only choose which entries are examined. List layout: a lane appends
+through one of LG counters of the row's line (`cand_n`), so the lanes of one instruction do not
+queue on one address; group g's i-th entry takes slot i * LG + g, readers skip the holes
+(`list_slot_valid`), and a group past LCAP / LG counts without storing, an overflow for the
+readers (`list_depth`).
 """
 import triton
 import triton.language as tl
 
 from ..tlutil import (
     BIG_ID32,
+    FEW,
     NEG_INF,
     argmax_pair,
+    chunk_bounds,
     claim_slots,
     claim_where,
+    count_where,
+    div_by,
     div_t,
     gumbel,
     gumbel_from_bits,
+    kept_mass,
     key_to_float,
     mass,
+    min_key_mass_few,
     order_key,
     pair_max,
+    store_pair_where,
     store_where,
     uniform_bits,
 )
-from .bracket import bin_of, resolve_keys, settle, target_of
-from .scan import fp32_nonan
-from .state import BINS, CN, DONE, FEW, LIST, min_key_mass_few, zero_counters
+from .bracket import bin_of, bracket_row, resolve_keys, settle, target_of
+from .scan import BINS, CN, DONE, LIST, fp32_nonan, zero_counters
+from .scan import BINS as BINS_STAGE
 
 
 @triton.jit
@@ -219,8 +211,7 @@ def list_kernel(t_ptr, p_ptr, key0_ptr, key1_ptr, col_offset, scale, one, st_sta
 def lean_collect(x_ptr, row_off, start, end, row, xf, ids_ptr, cand_n, BLOCK: tl.constexpr, LCAP: tl.constexpr,
                  LG: tl.constexpr):
     """Pass 3 of a LEAN row's split [start, end): the columns of x >= xf, appended (order does
-    not matter) with one atomic per listed entry: no prefix sum over a step's entries, which
-    measured slower."""
+    not matter) with one atomic per listed entry (no prefix sum over a step's entries)."""
     xrow = x_ptr + row_off
     offs = tl.arange(0, BLOCK)
     goffs = list_group(offs, LG)
@@ -336,3 +327,105 @@ def after_lean(row, cand_n, p, m, raw, tkey, x_ptr, stride, t_ptr, key0_ptr, key
         tl.atomic_add(leans, 1)
     return settle(row, ok, v, i, thr, raw, col_offset, tkey, m, st_token, st_valid, st_flags, st_tkey, st_klo,
                   st_khi, st_shift, st_cabove, st_mabove, st_piv, fallbacks, P, NB, KEPT)
+
+
+@triton.jit
+def fast_division_ok(t, m, t_lo):
+    """Whether the hist pass of a row may divide by T with `tlutil.div_by` (x * y and two FMAs)
+    instead of `div_t`: T in [2**-20, 2**20], 2**-50 <= |m| <= 2**78, and min-p's t_lo off or
+    |t_lo| >= 2**-70. Then every x gives the same mass and the same `l >= t_lo` as IEEE x / T:
+    2**-100 <= |x| <= 2**100 and x = 0 divide exactly; a smaller |x| gives |l| < 2**-79 either
+    way, which leaves l - m at -m (|l| < ulp(m) / 4) and l on the same side of t_lo; a larger
+    finite |x| is negative (x / T <= m), and x / T < -2**80 is below m - 32 (mass 0) and below
+    any finite t_lo (>= m + log(min_p) > -2**79); the fast result is then -2**80 or less, or NaN
+    (which fails every test, as -inf does), so its mass is 0 too. The bins and the list may
+    differ for such rows' extreme entries: they only choose which entries are examined, and
+    every decision is certified exactly."""
+    am = tl.abs(m)
+    return ((t >= 9.5367431640625e-07) & (t <= 1048576.0) & (am >= 8.881784197001252e-16)
+            & (am <= 3.022314549036573e+23) & ((t_lo == NEG_INF) | (tl.abs(t_lo) >= 8.470329472543003e-22)))
+
+
+@triton.jit
+def _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr, cand_n,
+               BLOCK: tl.constexpr, NBH: tl.constexpr, EXACT_EXP: tl.constexpr, LCAP: tl.constexpr,
+               LG: tl.constexpr, PTX: tl.constexpr, FAST: tl.constexpr, PACK: tl.constexpr, BINS: tl.constexpr):
+    """Columns [start, end) of a row: BINS off, their mass (int64) and their x >= xf listed, the
+    columns in the id list and the x (fp32 bits) at the same slots of the row's `hrow` words
+    (the list's slots claimed first and written last, so the step's work hides the atomics'
+    round trip); BINS on, their bins counted in `hrow` (mass 0). FAST: x / T by `div_by` with
+    y = 1 / T."""
+    s_lane = tl.zeros((BLOCK,), tl.int64)     # per-lane sums, one reduction at the end
+    offs = tl.arange(0, BLOCK)
+    goffs = list_group(offs, LG)
+    xr = tl.load(x_ptr + row_off + start + offs, mask=start + offs < end, other=NEG_INF)
+    for s in range(start, end, BLOCK):
+        cols = s + offs
+        if s + 2 * BLOCK <= end:    # a whole next step: no mask (nor its -inf fill) per entry
+            xr_next = tl.load(x_ptr + row_off + cols + BLOCK)
+        else:
+            xr_next = tl.load(x_ptr + row_off + cols + BLOCK, mask=cols + BLOCK < end, other=NEG_INF)
+        xc = xr.to(tl.float32)
+        if not BINS:
+            sel, slot = list_claim(xc, xf, goffs ^ list_group(s, LG), row, cand_n, LG, PTX, PACK)
+        if FAST:
+            l = div_by(xc, t, y)
+        else:
+            l = div_t(xc, t)     # a NaN x stays NaN: every test below fails for it
+        xr = xr_next
+        if BINS:
+            count_where(hrow, bin_of(l, lo, inv, NBH), l >= lo, PTX)
+        else:
+            s_lane += kept_mass(l, l >= t_lo, m, scale, EXACT_EXP)
+            store_pair_where(ids_ptr + row.to(tl.int64) * LCAP, hrow, slot, cols, xc.to(tl.int32, bitcast=True),
+                             sel & (slot < LCAP), PTX)
+    return tl.sum(s_lane, axis=0)
+
+
+@triton.jit
+def hist_kernel(x_ptr, stride, ncols, t_ptr, p_ptr, scale, st_stage, st_m, st_tkey, st_hlo, st_hinv, hist_ptr,
+                p_mass, st_xf, ids_ptr, cand_n, st_arrive, st_first, st_last, st_count, st_lean_l, st_top_bin,
+                st_top_mass, NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NBH: tl.constexpr,
+                EXACT_EXP: tl.constexpr, LCAP: tl.constexpr, LG: tl.constexpr, PTX: tl.constexpr,
+                PACK: tl.constexpr, BINS: tl.constexpr, ALL: tl.constexpr, CAP: tl.constexpr, LEAN: tl.constexpr,
+                HW: tl.constexpr):
+    """One split of each row in the mode's stage (LIST, or BINS with BINS; others return at
+    once); see the module docstring. PACK (with PTX): the list's slots claimed by
+    `tlutil.claim_slots` (BLOCK a multiple of 4 entries a thread). ALL, CAP, LEAN: the
+    bracket's settings (`bracket_row`). hist_ptr: HW int32 words a row (HW >= NBH, LCAP): the
+    listed x, then the bins."""
+    row = tl.program_id(0)
+    stage = tl.load(st_stage + row)
+    if BINS:
+        mine = stage == BINS_STAGE
+    else:
+        mine = stage == LIST
+    if mine:
+        start, end = chunk_bounds(ncols, CHUNK)
+        row_off = row.to(tl.int64) * stride
+        t = tl.load(t_ptr + row)
+        m = tl.load(st_m + row)
+        lo = tl.load(st_hlo + row)
+        inv = tl.load(st_hinv + row)
+        t_lo = key_to_float(tl.load(st_tkey + row))
+        hrow = hist_ptr + row.to(tl.int64) * HW
+        xf = tl.load(st_xf + row)
+        if PTX:
+            y = tl.div_rn(1.0, t)
+            if fast_division_ok(t, m, t_lo):
+                total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                                   cand_n, BLOCK, NBH, EXACT_EXP, LCAP, LG, PTX, True, PACK, BINS)
+            else:
+                total = _hist_span(x_ptr, row_off, start, end, t, y, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                                   cand_n, BLOCK, NBH, EXACT_EXP, LCAP, LG, PTX, False, PACK, BINS)
+        else:
+            total = _hist_span(x_ptr, row_off, start, end, t, t, row, m, lo, inv, t_lo, scale, hrow, xf, ids_ptr,
+                               cand_n, BLOCK, NBH, EXACT_EXP, LCAP, LG, PTX, False, False, BINS)   # (y unused)
+        if BINS:
+            tl.debug_barrier()      # every lane's atomics are issued before the arrival
+            if tl.atomic_add(st_arrive + row, 1, sem="acq_rel") == NSPLIT - 1:
+                bracket_row(row, t, tl.load(p_ptr + row), scale, m, lo, inv, hist_ptr, p_mass, st_stage, st_first,
+                            st_last, st_count, st_lean_l, st_xf, st_top_bin, st_top_mass, NSPLIT, ALL, NBH, HW, CAP,
+                            LCAP, LG, LEAN)
+        else:
+            tl.store(p_mass + row * NSPLIT + tl.program_id(1), total)

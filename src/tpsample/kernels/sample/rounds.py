@@ -36,6 +36,7 @@ from ..tlutil import (
     gumbel_from_bits,
     key_to_float,
     mass,
+    may_win,
     order_key,
     pair_max,
     uniform_bits,
@@ -43,17 +44,7 @@ from ..tlutil import (
 from .bracket import collect_bracket
 from .finish import finish_body
 from .lists import lean_collect
-from .scan import fp32_nonan, may_win
-from .state import (
-    BRACKET,
-    COLLECT,
-    DONE,
-    DRAW,
-    HIST,
-    LEAN,
-    PHASE_TOPP,
-    append_candidates,
-)
+from .scan import BRACKET, COLLECT, DONE, DRAW, HIST, LEAN, PHASE_TOPP, append_candidates, fp32_nonan
 
 
 @triton.jit

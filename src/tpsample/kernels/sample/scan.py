@@ -7,8 +7,8 @@ rows (temperature only): the whole draw, the Gumbel argmax of l = x / T; a block
 noise (two logs) only if some entry's cheap upper bound l + (-log W) reaches the best so far,
 which after the first blocks is rare (the bound needs only W's bits). Filter rows: max(l); block
 maxima of l (blocks of BB columns) when top-k or top-p is on (for top-p alone the select kernel
-bounds S by them: an online sum of exp(l - max) here made the scan about 40 % slower, for a
-range only a little narrower). Loads run one tile ahead (software prefetch) and per-lane
+bounds S by them; an online sum of exp(l - max) here would slow the scan for a range only a
+little narrower). Loads run one tile ahead (software prefetch) and per-lane
 running winners are reduced once at the end, so the loop stays memory-bound.
 """
 import triton
@@ -17,17 +17,103 @@ import triton.language as tl
 from ..tlutil import (
     BIG_ID32,
     GOLDEN,
+    KEY_NEG_INF,
     NEG_INF,
     argmax_pair,
     chunk_bounds,
     div_t,
     ex2_ftz,
+    gumbel,
     gumbel_from_bits,
+    key_to_float,
     opaque_u32,
+    order_key,
     pair_max,
     uniform_bits_spread,
 )
-from .state import FILTER, GREEDY, PLAIN
+
+# A row's stages and flags (the state machine: `launch`'s docstring).
+GREEDY, PLAIN, FILTER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+DONE, COLLECT, DRAW, HIST, BRACKET, LEAN, BINS, LIST = (
+    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4), tl.constexpr(5),
+    tl.constexpr(6), tl.constexpr(7))
+PHASE_TOPP, FAST, FIRST = tl.constexpr(2), tl.constexpr(4), tl.constexpr(8)
+# int32s between two rows' candidate counters: one 128-byte line each, so the appends of
+# different rows never queue on one line
+CN = tl.constexpr(32)
+CN_STRIDE = CN.value         # int32s between two rows' candidate counters
+
+
+@triton.jit
+def zero_counters(cand_n, row):
+    """All of the row's counters to 0: the candidates' (word 0) and the lean list's groups
+    (`lists.list_columns`)."""
+    tl.store(cand_n + row * CN + tl.arange(0, CN), tl.zeros((CN,), tl.int32))
+
+
+@triton.jit
+def window_shift(klo, khi, NB: tl.constexpr):
+    """Smallest shift with (khi - klo) >> shift < NB."""
+    shift = tl.zeros((), tl.int64)
+    for _ in range(40):
+        shift = tl.where(((khi - klo) >> shift) >= NB, shift + 1, shift)
+    return shift
+
+
+@triton.jit
+def start_search(row, topp_phase, tkey, m, st_flags, st_tkey, st_klo, st_khi, st_shift,
+                 st_cabove, st_mabove, st_piv, P: tl.constexpr, NB: tl.constexpr):
+    """Set up HIST (returned; the caller stores the stage): window [tkey, key(m)] over entries
+    with key >= tkey, first pivots at m - d for d in nats (0.5 ... 14.5), a prior for where
+    top-k / top-p thresholds usually sit."""
+    klo = tkey.to(tl.int64)
+    khi = order_key(m).to(tl.int64)
+    j = tl.arange(0, P).to(tl.float32)
+    d = 0.5 + 0.25 * j * (j + 1.0)      # 0.5, 1, 2, 3.5, 5.5, 8, 11, 14.5 for P = 8
+    piv = order_key(m - d).to(tl.int64)
+    piv = tl.minimum(tl.maximum(piv, klo), khi)
+    flags = tl.where(topp_phase, PHASE_TOPP | FIRST, 0)
+    tl.store(st_flags + row, flags.to(tl.int32))
+    tl.store(st_tkey + row, klo)
+    tl.store(st_klo + row, klo)
+    tl.store(st_khi + row, khi)
+    tl.store(st_shift + row, window_shift(klo, khi, NB).to(tl.int32))
+    tl.store(st_cabove + row, tl.zeros((), tl.int64))
+    tl.store(st_mabove + row, tl.zeros((), tl.int64))
+    tl.store(st_piv + row * P + tl.arange(0, P), piv)
+    return tl.full((), HIST, tl.int32)
+
+
+@triton.jit
+def eligible_key(t1):
+    """Smallest key an entry needs: key(t1), and above key(-inf) always (-inf is never kept)."""
+    return tl.maximum(order_key(t1).to(tl.int64), KEY_NEG_INF + 1)
+
+
+@triton.jit
+def append_candidates(sel, l, cols, row, cand_key, cand_id, cand_n, CAP: tl.constexpr):
+    """Append the block's selected entries (key, column) to the row's candidate list through its
+    atomic counter (order does not matter: the finish sorts); entries past CAP are counted, not
+    stored, so the finish sees the overflow."""
+    nsel = tl.sum(sel.to(tl.int32), axis=0)
+    if nsel > 0:
+        base = tl.atomic_add(cand_n + row * CN, nsel, sem="relaxed")   # read after the kernel: no fence
+        pos = base + tl.cumsum(sel.to(tl.int32), 0) - 1
+        ok = sel & (pos < CAP)
+        tl.store(cand_key + row.to(tl.int64) * CAP + pos, order_key(l).to(tl.int64), mask=ok)
+        tl.store(cand_id + row.to(tl.int64) * CAP + pos, cols, mask=ok)
+
+
+@triton.jit
+def draw_candidates(keys, kept, valid, idx, row, key0_ptr, key1_ptr, col_offset, cand_id, CAP: tl.constexpr):
+    """(value, column) of the Gumbel argmax over the kept candidates (keys are order keys of l;
+    ties -> lowest column); (-inf, BIG_ID32) when none is kept."""
+    ids = tl.load(cand_id + row.to(tl.int64) * CAP + idx, mask=valid, other=BIG_ID32)
+    k0 = tl.load(key0_ptr + row).to(tl.uint32)
+    k1 = tl.load(key1_ptr + row).to(tl.uint32)
+    score = tl.where(kept, key_to_float(keys) + gumbel(k0, k1, ids + col_offset), float("-inf"))
+    return argmax_pair(score, tl.where(kept, ids, BIG_ID32))
+
 
 
 @triton.jit
@@ -49,19 +135,6 @@ def sigma_on(nsig_ptr, row, SIGMA: tl.constexpr):
         return tl.load(nsig_ptr + row) > 0.0
     else:
         return tl.zeros((), tl.int1)
-
-
-@triton.jit
-def may_win(l, u, best_v):
-    """False only where fp32(l' + g(u)) < best_v for every l' within 3 ulp of l (so l may be
-    x / T itself or x * (1 / T)): the noise then cannot lift the entry to the best so far.
-    g = -log(-log1p(-W)) <= -log W, and W >= W' = (u >> 9) * 2**-23 (W' has only u's bits: no
-    conversion), so a winner has W' <= exp(l - best_v + margin); the margin covers the fp32
-    roundings of g, of the sum and of l, and the fast exp. l below -FLT_MAX (overflowed) is
-    taken as -FLT_MAX, within that margin; best_v = -inf passes everything."""
-    l = tl.maximum(l, -3.4028234663852886e38)
-    w_lo = ((u >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    return w_lo <= tl.exp(l - best_v + (1e-3 + 2e-6 * (tl.abs(l) + tl.abs(best_v))))
 
 
 LOG2E = tl.constexpr(1.4426950408889634)

@@ -19,13 +19,12 @@ from ..tlutil import (
     argmax_pair,
     fexp,
     key_to_float,
+    max_key_with_count,
     order_key,
     pair_max,
 )
 from .bracket import range_for_top_p, x_bound
-from .scan import fp32_nonan, row_flags, sigma_on
-from .sigma import sigma_threshold
-from .state import (
+from .scan import (
     COLLECT,
     DONE,
     DRAW,
@@ -35,10 +34,13 @@ from .state import (
     LIST,
     PLAIN,
     eligible_key,
-    max_key_with_count,
+    fp32_nonan,
+    row_flags,
+    sigma_on,
     start_search,
     zero_counters,
 )
+from .sigma import sigma_threshold
 
 
 @triton.jit
