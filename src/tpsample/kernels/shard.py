@@ -349,10 +349,10 @@ def _values_kernel(cand_ptr, capacity, count_ptr, bound_ptr, k, t_ptr, out_ptr, 
             tl.store(orow + listed + tl.cumsum(sel.to(tl.int32), axis=0) - 1, x, mask=sel)
             listed += tl.sum(sel.to(tl.int32), axis=0)
         tl.debug_barrier()                  # the list's stores, visible to every thread's load
-        slot = tl.arange(0, CP)
-        v = tl.load(orow + slot, mask=slot < above, other=NEG_INF)
-        v = tl.where(slot < above, v, tl.where(slot < k, key_to_float(kth), NEG_INF))
-        _store_sorted(orow, slot, v, c, t, HAS_T)
+        top_slot = tl.arange(0, CP)           # its own names: a block of CP, not NP, entries
+        top = tl.load(orow + top_slot, mask=top_slot < above, other=NEG_INF)
+        top = tl.where(top_slot < above, top, tl.where(top_slot < k, key_to_float(kth), NEG_INF))
+        _store_sorted(orow, top_slot, top, c, t, HAS_T)
 
 
 _BLOCK_MAX = Launcher(_block_max_kernel)

@@ -97,10 +97,10 @@ def sigma_threshold(row, n_sigma, sums_ptr, top_ptr, scale_ptr, NSPLIT: tl.const
     on CUDA)."""
     parts = (row * NSPLIT + tl.arange(0, NSPLIT)) * 3
     n = tl.maximum(tl.sum(tl.load(sums_ptr + parts), axis=0), 1).to(tl.float64)
-    mean = tl.fdiv(tl.sum(tl.load(sums_ptr + parts + 1), axis=0).to(tl.float64), n, ieee_rounding=True)
-    ex2 = tl.fdiv(tl.sum(tl.load(sums_ptr + parts + 2), axis=0).to(tl.float64), n, ieee_rounding=True)
+    mean = tl.sum(tl.load(sums_ptr + parts + 1), axis=0).to(tl.float64) / n
+    ex2 = tl.sum(tl.load(sums_ptr + parts + 2), axis=0).to(tl.float64) / n
     var = tl.maximum(ex2 - opaque_f64(mean * mean, PTX), 0.0)
-    sigma = tl.fdiv(tl.sqrt(var), tl.load(scale_ptr + row), ieee_rounding=True)
+    sigma = tl.sqrt(var) / tl.load(scale_ptr + row)
     top = tl.load(top_ptr + row)
     thr = (top.to(tl.float64) - opaque_f64(n_sigma.to(tl.float64) * sigma, PTX)).to(tl.float32)
     return tl.where(top > NEG_INF, thr, NEG_INF)
