@@ -1,4 +1,4 @@
-"""The one-launch penalty kernel (`tpsample.kernels.history`) leaves the logits bit for bit as
+"""The one-launch penalty kernel (`tpsample.kernels.penalties`) leaves the logits bit for bit as
 the torch processors do: repetition over the prompt set and the outputs, then frequency and
 presence over the outputs, with repeated tokens, drafts in the outputs, empty prompt sets,
 rows with one penalty only, tokens outside a vocab shard, and -inf / +-0 entries.
@@ -20,7 +20,7 @@ V = 500
 @pytest.fixture(scope="module")
 def kernel(triton_interpreter):
     """Imported here, not at the top: triton.jit picks interpreted or compiled at import."""
-    from tpsample.kernels.history import apply_penalties_
+    from tpsample.kernels.penalties import apply_penalties_
     return apply_penalties_
 
 

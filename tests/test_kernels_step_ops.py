@@ -46,7 +46,7 @@ def _histories(slots: int, need: int) -> tuple[History, History]:
 
 
 def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops):
-    from tpsample.kernels.history import append_history
+    from tpsample.kernels.step_ops import append_history
     g = torch.Generator().manual_seed(0)
     a, b = _histories(6, 900)
     for step in range(260):
@@ -75,7 +75,7 @@ def test_append_kernel_equals_torch_append_and_keeps_the_ascending_copy(step_ops
 def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
     """The store keeps the ascending copy for requests with penalties only: the kernel and the
     torch append agree, the flagged slots' copies stay sorted, the others' stay -1."""
-    from tpsample.kernels.history import append_history
+    from tpsample.kernels.step_ops import append_history
     g = torch.Generator().manual_seed(1)
     flags = torch.tensor([16, 0, 32, 0, 48, 8], dtype=torch.int64, device=DEV)      # 16 | 32: penalties
     a, b = _histories(6, 64)
@@ -100,7 +100,7 @@ def test_only_slots_whose_flags_meet_the_mask_keep_the_ascending_copy(step_ops):
 
 
 def test_append_kernel_drops_tokens_past_the_capacity_from_both_tables(step_ops):
-    from tpsample.kernels.history import append_history
+    from tpsample.kernels.step_ops import append_history
     h = History()
     h.reset(0)
     h.sync(DEV, 1, 64)

@@ -32,8 +32,8 @@ def _kernel_fns() -> SimpleNamespace:
     """The per-step kernels, imported on first use (triton.jit picks interpreted or compiled when
     a kernel module is imported) and kept, so a step runs no import statement."""
     from ..kernels import shard, shard_band
-    from ..kernels.history import append_history, apply_penalties_
-    from ..kernels.step_ops import mask_nans_, row_keys
+    from ..kernels.penalties import apply_penalties_
+    from ..kernels.step_ops import append_history, mask_nans_, row_keys
     return SimpleNamespace(append_history=append_history, apply_penalties_=apply_penalties_, mask_nans_=mask_nans_,
                            row_keys=row_keys,
                            shard=SimpleNamespace(front=shard.front, gumbel_draw=shard.gumbel_draw,
@@ -97,7 +97,7 @@ def shard_passes(x: torch.Tensor):
 
 
 def penalty_kernel(device: torch.device):
-    """The one-launch penalty kernel for `device` (`kernels.history`), or None (torch ops then)."""
+    """The one-launch penalty kernel for `device` (`kernels.penalties`), or None (torch ops then)."""
     if not _kernel_ok(_probe(device)):
         return None
     return _kernel_fns().apply_penalties_

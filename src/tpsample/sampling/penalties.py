@@ -8,7 +8,7 @@ State: per slot, the three factors (float columns) and the prompt's distinct tok
 (no `[slots, V]` count table); without drafts the kernel reads each slot's outputs ascending
 (`History.ordered`, kept only for the slots of requests with penalties: the history append
 keeps it for the flag bit of this processor) and counts by binary search. Torch op: gathers and
-scatters over the columns held; on a kernel device one launch (`kernels.history.apply_penalties_`).
+scatters over the columns held; on a kernel device one launch (`kernels.penalties.apply_penalties_`).
 """
 from __future__ import annotations
 

@@ -268,7 +268,7 @@ class History:
 
         slots: [num_reqs] int64 (distinct); tokens: [num_reqs, max_rows] int64; num_sampled:
         [num_reqs] int64. kernel: an equivalent single-launch implementation
-        (`kernels.history.append_history`). ordered_flags: None (every slot keeps the
+        (`kernels.step_ops.append_history`). ordered_flags: None (every slot keeps the
         ascending copy) or (flags [slots] int64, mask): only slots with flags & mask keep it.
         """
         if slots.numel() == 0:
