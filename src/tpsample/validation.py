@@ -140,16 +140,16 @@ def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int
     return arr[:, :most] if arr.shape[1] > most else arr
 
 
-def check_bitmask(mask, num_rows: int, vocab_size: int):
-    if mask is None:
-        return None
+def check_bitmask(mask, num_rows: int, vocab_size: int, *, name: str = "grammar_bitmask", op: str = ""):
+    """None, or a packed int32 grammar mask [num_rows, ceil(V/32)] (bit = allowed). op: the
+    caller named in front of the message ("tpsample.ops.sample"), if any."""
     words = (vocab_size + 31) // 32
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32:
-        raise ValueError(f"grammar_bitmask must be an int32 tensor [rows, {words}]")
-    if tuple(mask.shape) != (num_rows, words):
-        raise ValueError(f"grammar_bitmask must have shape [{num_rows}, {words}] (rows, ceil(V/32)), "
-                         f"got {list(mask.shape)}")
-    return mask
+    if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.int32
+                        and tuple(mask.shape) == (num_rows, words)):
+        return mask
+    got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+    raise ValueError(f"{op + ': ' if op else ''}{name} must be None or an int32 tensor [rows, ceil(V/32)] = "
+                     f"[{num_rows}, {words}], got {got}")
 
 
 def check_logits(x, num_rows: int, width: int, name: str) -> None:

@@ -27,7 +27,7 @@ from ..parallel.shard import vocab_shard
 from ..sampling.kernel_backend import hints_from_host
 from ..sampling.output import LogprobsOutput
 from ..state.rows import HostRows
-from ..validation import check_draft_probs, check_drafts
+from ..validation import check_bitmask, check_draft_probs, check_drafts
 from . import args as A
 from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .impl import host_params, sample_impl
@@ -75,15 +75,6 @@ def check_vocab(op: str, vocab_size, cols: int, g: TPGroup) -> int:
         raise A.fail(op, "logits", f"this rank's shard of V = {vocab_size}: {end - start} columns "
                      f"(vocab_shard(V, {g.size}, {g.rank}))", f"{cols} columns")
     return vocab_size
-
-
-def _check_bitmask(op: str, bitmask, rows: int, vocab_size: int):
-    words = (vocab_size + 31) // 32
-    if bitmask is not None and not (isinstance(bitmask, torch.Tensor) and bitmask.dtype == torch.int32
-                                    and tuple(bitmask.shape) == (rows, words)):
-        got = bitmask if not isinstance(bitmask, torch.Tensor) else f"{bitmask.dtype} {list(bitmask.shape)}"
-        raise A.fail(op, "bitmask", f"None or an int32 tensor [rows, ceil(V/32)] = [{rows}, {words}]", got)
-    return bitmask
 
 
 def _row_params(op: str, rows: int, dev, validate: bool, **given) -> tuple[dict, Optional[dict]]:
@@ -157,7 +148,7 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
     lp, processed = _check_common(op, strategy, logprobs, logprobs_mode)
     if not isinstance(validate, bool):
         raise A.fail(op, "validate", "True or False", validate)
-    _check_bitmask(op, bitmask, rows, vocab)
+    check_bitmask(bitmask, rows, vocab, name="bitmask", op=op)
     p, host = _row_params(op, rows, logits.device, validate, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seeds=seeds, positions=positions)
     if g.size == 1:
