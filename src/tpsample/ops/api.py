@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..params import MAX_LOGPROBS, PROCESSED_MODES
+from ..params import PROCESSED_MODES, RANGES
 from ..parallel import names
 from ..parallel.collectives import Collectives
 from ..parallel.group import DEFAULT_TIMEOUT_S, TPGroup
@@ -114,8 +114,8 @@ def _hints(host: Optional[dict], vocab_size: int) -> int:
 def _check_common(op: str, strategy, logprobs, logprobs_mode) -> tuple[int, bool]:
     if strategy not in names.ALL:
         raise A.fail(op, "strategy", f"one of {names.ALL}", strategy)
-    lp = -1 if logprobs is None else A.check_int(op, "logprobs", logprobs, 0, MAX_LOGPROBS,
-                                                  f"None or an integer in [0, {MAX_LOGPROBS}]")
+    top_n = RANGES["logprobs"]
+    lp = -1 if logprobs is None else A.check_int(op, "logprobs", logprobs, top_n.lo, top_n.hi, top_n.allowed)
     if logprobs_mode not in OPS_LOGPROBS_MODES:
         raise A.fail(op, "logprobs_mode", f"one of {OPS_LOGPROBS_MODES} (the logits and temperature modes are "
                      "the Sampler's)", logprobs_mode)
