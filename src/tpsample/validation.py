@@ -63,12 +63,13 @@ def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_log
             raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-def check_device(device) -> Optional[torch.device]:
+def check_device(device, name: str = "device") -> Optional[torch.device]:
     """The sampler's device: None, or a CPU or CUDA device that exists here ("cpu", "cuda",
     "cuda:N" with N < torch.cuda.device_count(), a CUDA index N, or the torch.device of one).
     Other device types ("meta", "mps", ...) are refused: the sampler's tables and kernels are
     built and tested for CPU and CUDA only. The index is read before torch parses it (torch
-    keeps device indices in 8 bits: "cuda:4096" would become cuda:0)."""
+    keeps device indices in 8 bits: "cuda:4096" would become cuda:0). name: the argument (or
+    command-line option) the message names."""
     if device is None:
         return None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -85,7 +86,7 @@ def check_device(device) -> Optional[torch.device]:
         kind, index = None, None
     ok = kind == "cpu" or (kind == "cuda" and count > 0 and (index is None or 0 <= index < count))
     if not ok:
-        raise ValueError(f"device must be {allowed}, got {device!r}")
+        raise ValueError(f"{name} must be {allowed}, got {device!r}")
     return torch.device(kind, index)
 
 

@@ -151,19 +151,12 @@ def check_writable_file(path: str, option: str) -> None:
 
 
 def check_device(device: str | None, option: str = "--device") -> None:
-    """cpu, cuda or cuda:N, and CUDA present when asked for."""
-    if device is None:
-        return
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise UsageError(f"{option} must be cpu, cuda or cuda:N, got {device!r}")
-    if kind == "cuda":
-        import torch
+    """A device that exists here, by the Sampler's rule (`validation.check_device`; it imports
+    torch, so only when a device is given), the message naming the option."""
+    if device is not None:
+        from ..validation import check_device as check_device_here
 
-        if not torch.cuda.is_available():
-            raise UsageError(f"{option} {device}: no CUDA device is available here")
-        if index and int(index) >= torch.cuda.device_count():
-            raise UsageError(f"{option} {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+        check_device_here(device, option)
 
 
 def check_gpus_for_ranks(device: str | None, tp: int) -> None:

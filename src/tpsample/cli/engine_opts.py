@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 
+from ..model.loader import DTYPE_NAMES
 from ..parallel import names
 from ..params import RANGES
 from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
 
 STRATEGIES = names.ALL
-DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -35,7 +35,7 @@ def add_engine_args(p, *, positional_model: bool = False, max_num_seqs: int = 25
     g.add_argument("--strategy", choices=STRATEGIES, default="auto", help="sampling strategy across ranks")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when there is one GPU per rank, else cpu")
-    g.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: the checkpoint's)")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="weights and activations (default: the checkpoint's)")
     g.add_argument("--max-num-seqs", metavar="N", type=int_at_least(1), default=max_num_seqs,
                    help="requests running at once")
     g.add_argument("--max-model-len", metavar="TOKENS", type=int_at_least(1), default=None,
