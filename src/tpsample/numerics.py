@@ -11,6 +11,7 @@ all use these definitions, so a threshold computed by any of them is the same nu
 """
 from __future__ import annotations
 
+import gc
 import math
 
 import torch
@@ -38,6 +39,16 @@ def note_memory(meter, front) -> None:
         l, raw = front.l, front.raw
         chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
         meter.note((l.numel() * 4 if front.copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
+
+
+def release_device_memory() -> None:
+    """Collect what reference cycles still hold, then hand the allocator's cached blocks back to
+    the driver (a next engine sizes its KV cache from the driver's free memory; a next benchmark
+    starts from the same free memory)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def next_pow2(n: int) -> int:
