@@ -49,11 +49,6 @@ def fail(op: str, name: str, allowed: str, got) -> ValueError:
     return ValueError(f"{op}: {name} must be {allowed}, got {text[:77] + '...' if len(text) > 80 else text}")
 
 
-def is_token_id(t) -> bool:
-    """A Python or numpy integer in [0, 2**31) (not a bool)."""
-    return isinstance(t, numbers.Integral) and not is_bool(t) and 0 <= t < 2**31
-
-
 def is_int_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
