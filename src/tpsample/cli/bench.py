@@ -12,7 +12,7 @@ import importlib.util
 import os
 
 from ..bench.workloads import CASE_NAMES, CLASSES, WORKLOADS
-from ..model.loader import DTYPE_NAMES
+from ..numerics import DTYPE_NAMES
 from ..parallel import names
 from .args import (
     UsageError,

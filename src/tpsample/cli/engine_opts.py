@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..model.loader import DTYPE_NAMES
+from ..numerics import DTYPE_NAMES
 from ..parallel import names
 from ..params import RANGES
 from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real

@@ -18,10 +18,8 @@ from tpsample.model.checkpoint import IGNORED_SUFFIXES, check_checkpoint
 from tpsample.model.config import ModelConfig
 from tpsample.model.llama import CausalLM
 from tpsample.model.parallel_layers import TPGroup
+from tpsample.numerics import DTYPE_NAMES, DTYPES
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-DTYPE_NAMES = tuple(dict.fromkeys(str(d).removeprefix("torch.") for d in DTYPES.values()))  # float32, ...
 # checkpoint module -> (fused module, part): the fused projections are filled part by part
 STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
