@@ -36,11 +36,16 @@ def is_bool(x) -> bool:
     return isinstance(x, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
 
 
+def is_int(x) -> bool:
+    """A Python or numpy integer (never a bool)."""
+    return isinstance(x, numbers.Integral) and not is_bool(x)
+
+
 def as_int(x, field: str, allowed: str) -> int:
     """x as a Python int (Python or numpy integers; never bool or float)."""
     if type(x) is int:
         return x
-    if is_bool(x) or not isinstance(x, numbers.Integral):
+    if not is_int(x):
         raise fail(field, allowed, x)
     return int(x)
 

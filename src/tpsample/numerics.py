@@ -1,4 +1,5 @@
-"""Shared numerics: the -inf sentinel, fixed-point masses, order keys of fp32, powers of two.
+"""Shared numerics: the -inf sentinel, fixed-point masses, order keys of fp32, powers of two; the
+model dtypes by name and the release of cached device memory, which every layer above may use.
 
 A leaf module: the sampling pipeline, the vocab-parallel reductions and the kernels' torch twin
 all use these definitions, so a threshold computed by any of them is the same number.
@@ -11,6 +12,7 @@ all use these definitions, so a threshold computed by any of them is the same nu
 """
 from __future__ import annotations
 
+import gc
 import math
 
 import torch
@@ -18,6 +20,10 @@ import torch
 NEG_INF = float("-inf")
 ROW_CHUNK_ELEMS = 1 << 17         # bound on [rows, cols] temporaries on CPU (~3 MiB at 22 B each)
 ROW_CHUNK_ELEMS_CUDA = 1 << 20    # GPUs want fewer, larger launches (4 MiB per fp32 temporary)
+# the model's weight and activation dtypes by name (the CLI's --dtype offers the first names)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+          "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPE_NAMES = tuple(dict.fromkeys(str(d).removeprefix("torch.") for d in DTYPES.values()))  # float32, ...
 # per element of a row chunk: noise bits (int64), noise (fp32), masses (int64), masks (bool),
 # int64 hashing intermediates
 CHUNK_BYTES_PER_ELEM = 8 + 4 + 8 + 2 + 16
@@ -38,6 +44,16 @@ def note_memory(meter, front) -> None:
         l, raw = front.l, front.raw
         chunk = min(l.numel(), ROW_CHUNK_ELEMS) * CHUNK_BYTES_PER_ELEM
         meter.note((l.numel() * 4 if front.copy else 0) + (raw[1].numel() * 4 if raw is not None else 0) + chunk)
+
+
+def release_device_memory() -> None:
+    """Collect what reference cycles still hold, then hand the allocator's cached blocks back to
+    the driver (a next engine sizes its KV cache from the driver's free memory; a next benchmark
+    starts from the same free memory)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def next_pow2(n: int) -> int:

@@ -24,6 +24,7 @@ guard (no finite kept token: the raw argmax, flagged) applies.
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,16 +61,58 @@ MAX_LOGPROBS = 1 << 16          # top-n lists are gathered per row; larger n is 
 TOKEN_IDS = "token ids in [0, 2**31)"      # MAX_TOKEN_ID + 1 = 2**31
 
 
-def _real(value, field: str, lo: float, hi: float, allowed: str, *, or_zero: bool = False) -> float:
-    v = as_float(value, field, allowed)
-    check((or_zero and v == 0) or lo <= v <= hi, field, allowed, value)
-    return v
+@dataclass(frozen=True)
+class Range:
+    """A numeric field's allowed values: [lo, hi], and 0 too when `or_zero` (greedy / off).
+    `holds` is written with comparisons and & | only, so it reads a Python number, a numpy
+    array and a tensor alike (SamplingParams and the stateless ops check against one table)."""
+    lo: float
+    hi: float
+    allowed: str                    # the range in words, as error messages give it
+    or_zero: bool = False
+    integer: bool = False
+
+    def holds(self, v):
+        inside = (v >= self.lo) & (v <= self.hi)
+        return (v == 0) | inside if self.or_zero else inside
 
 
-def _int(value, field: str, lo: int, allowed: str, hi: int = INT64_MAX) -> int:
-    """value as an int in [lo, hi] (hi defaults to int64's largest: the value fits its table)."""
-    v = as_int(value, field, allowed)
-    check(lo <= v <= hi, field, allowed, value)
+_T_LO, _T_HI = TEMPERATURE_RANGE
+_R_LO, _R_HI = REPETITION_PENALTY_RANGE
+_TOP_N = f"None or an integer in [0, {MAX_LOGPROBS}]"
+# SamplingParams' numeric fields; None stays allowed where the field's default is None
+RANGES = {
+    "temperature": Range(_T_LO, _T_HI, f"0 (greedy) or in [{_T_LO:g}, {_T_HI:g}]", or_zero=True),
+    "top_k": Range(-1, math.inf, "-1 or 0 (off), or an integer >= 1 (>= V is off)", integer=True),
+    "top_p": Range(FP32_TINY, 1.0, "in (0, 1], at least 2**-126 (fp32's smallest normal)"),
+    "min_p": Range(FP32_TINY, 1.0, "0 (off) or in [2**-126, 1]", or_zero=True),
+    "repetition_penalty": Range(_R_LO, _R_HI, f"in [{_R_LO:g}, {_R_HI:g}] (1 = off)"),
+    "frequency_penalty": Range(-PENALTY_BOUND, PENALTY_BOUND, f"in [{-PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off)"),
+    "presence_penalty": Range(-PENALTY_BOUND, PENALTY_BOUND, f"in [{-PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off)"),
+    "min_tokens": Range(0, INT64_MAX, "an integer in [0, 2**63)", integer=True),
+    "max_tokens": Range(1, INT64_MAX, "an integer in [1, 2**63)", integer=True),
+    "logprobs": Range(0, MAX_LOGPROBS, _TOP_N, integer=True),
+    "prompt_logprobs": Range(0, MAX_LOGPROBS, _TOP_N, integer=True),
+    "kept_support": Range(0, MAX_LOGPROBS, _TOP_N, integer=True),
+    "dry_multiplier": Range(0.0, 100.0, "in [0, 100] (0 = off)"),
+    "dry_base": Range(1.0, 100.0, "in [1, 100]"),
+    "dry_allowed_length": Range(0, MAX_TOKEN_ID, "an integer in [0, 2**31)", integer=True),
+    "dry_penalty_last_n": Range(-1, MAX_TOKEN_ID, "-1 (the whole context), 0 (off) or an integer in [1, 2**31)",
+                                integer=True),
+    "top_n_sigma": Range(-1e6, 1e6, "in [-1e6, 1e6] (<= 0 = off)"),
+    "xtc_threshold": Range(0.0, 1.0, "in [0, 1]"),
+    "xtc_probability": Range(0.0, 1.0, "in [0, 1] (0 = off)"),
+}
+_OPTIONAL = ("logprobs", "prompt_logprobs", "kept_support")
+
+
+def _ranged(value, field: str):
+    """value (None kept for the fields whose default is None) as an int or float in its range."""
+    r = RANGES[field]
+    if value is None and field in _OPTIONAL:
+        return None
+    v = (as_int if r.integer else as_float)(value, field, r.allowed)
+    check(r.holds(v), field, r.allowed, value)
     return v
 
 
@@ -114,53 +157,14 @@ class SamplingParams:
             object.__setattr__(self, name, value)
 
     def _checked_numbers(self) -> dict:
-        t_lo, t_hi = TEMPERATURE_RANGE
-        r_lo, r_hi = REPETITION_PENALTY_RANGE
-        pb = PENALTY_BOUND
-        top_k = as_int(self.top_k, "top_k", "-1 or 0 (off) or an integer >= 1")
-        check(top_k >= -1, "top_k", "-1 or 0 (off) or an integer >= 1", self.top_k)
         check(isinstance(self.logprobs_mode, str) and self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode",
               f"one of {LOGPROBS_MODES}", self.logprobs_mode)
         return {
-            "temperature": _real(self.temperature, "temperature", t_lo, t_hi,
-                                 f"0 (greedy) or a number in [{t_lo:g}, {t_hi:g}]", or_zero=True),
-            "top_k": top_k,
-            "top_p": _real(self.top_p, "top_p", FP32_TINY, 1.0, "in (0, 1] (and >= 1.2e-38, fp32's smallest normal)"),
-            "min_p": _real(self.min_p, "min_p", FP32_TINY, 1.0,
-                           "in [0, 1] (0 = off; non-zero values >= 1.2e-38, fp32's smallest normal)", or_zero=True),
+            **{field: _ranged(getattr(self, field), field) for field in RANGES},
             "seed": None if self.seed is None else as_int(self.seed, "seed",
                                                           "None or an integer (any size: used mod 2**64)"),
-            "repetition_penalty": _real(self.repetition_penalty, "repetition_penalty", r_lo, r_hi,
-                                        f"in [{r_lo:g}, {r_hi:g}] (1 = off)"),
-            "frequency_penalty": _real(self.frequency_penalty, "frequency_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
-            "presence_penalty": _real(self.presence_penalty, "presence_penalty", -pb, pb, f"in [{-pb:g}, {pb:g}]"),
-            "min_tokens": _int(self.min_tokens, "min_tokens", 0, "an integer in [0, 2**63)"),
-            "max_tokens": _int(self.max_tokens, "max_tokens", 1, "an integer in [1, 2**63)"),
-            "logprobs": None if self.logprobs is None else _int(self.logprobs, "logprobs", 0,
-                                                                  f"None or an integer in [0, {MAX_LOGPROBS}]",
-                                                                  MAX_LOGPROBS),
-            "prompt_logprobs": None if self.prompt_logprobs is None else _int(
-                self.prompt_logprobs, "prompt_logprobs", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
             "ignore_eos": as_bool(self.ignore_eos, "ignore_eos"),
             "include_stop_str_in_output": as_bool(self.include_stop_str_in_output, "include_stop_str_in_output"),
-            **self._checked_samplers(),
-        }
-
-    def _checked_samplers(self) -> dict:
-        """DRY, top-n-sigma, XTC (llama.cpp's ranges) and the kept support (module docstring)."""
-        last_n = _int(self.dry_penalty_last_n, "dry_penalty_last_n", -1,
-                      "-1 (the whole context), 0 (off) or an integer in [1, 2**31)", MAX_TOKEN_ID)
-        return {
-            "dry_multiplier": _real(self.dry_multiplier, "dry_multiplier", 0.0, 100.0, "in [0, 100] (0 = off)"),
-            "dry_base": _real(self.dry_base, "dry_base", 1.0, 100.0, "in [1, 100]"),
-            "dry_allowed_length": _int(self.dry_allowed_length, "dry_allowed_length", 0,
-                                       "an integer in [0, 2**31)", MAX_TOKEN_ID),
-            "dry_penalty_last_n": last_n,
-            "top_n_sigma": _real(self.top_n_sigma, "top_n_sigma", -1e6, 1e6, "in [-1e6, 1e6] (<= 0 = off)"),
-            "xtc_threshold": _real(self.xtc_threshold, "xtc_threshold", 0.0, 1.0, "in [0, 1]"),
-            "xtc_probability": _real(self.xtc_probability, "xtc_probability", 0.0, 1.0, "in [0, 1] (0 = off)"),
-            "kept_support": None if self.kept_support is None else _int(
-                self.kept_support, "kept_support", 0, f"None or an integer in [0, {MAX_LOGPROBS}]", MAX_LOGPROBS),
         }
 
     def _checked_containers(self) -> dict:
@@ -232,9 +236,10 @@ def _frozen_bias(bias) -> FrozenDict:
     for tok, b in bias.items():
         tok = as_int(tok, "logit_bias", f"keyed by {TOKEN_IDS}")
         check(0 <= tok <= MAX_TOKEN_ID, "logit_bias", f"keyed by {TOKEN_IDS}", tok)
-        out[tok] = _real(b, "logit_bias", -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND,
-                         f"{{token id: bias}} with biases in [{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}] "
-                         "(the OpenAI API's range)")
+        values = (f"{{token id: bias}} with biases in [{-LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}] "
+                  "(the OpenAI API's range)")
+        out[tok] = as_float(b, "logit_bias", values)
+        check(-LOGIT_BIAS_BOUND <= out[tok] <= LOGIT_BIAS_BOUND, "logit_bias", values, b)
     return FrozenDict(out)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .coerce import is_bool, is_int
 from .params import MAX_LOGPROBS
 
 MAX_NUM_REQS = 1 << 24          # slot ids travel as int32 in places; 16M concurrent requests
@@ -16,7 +17,7 @@ MAX_TIMEOUT_S = 1e9             # seconds (~31 years): any finite wait a timedel
 
 
 def is_token(t, vocab_size: int) -> bool:
-    return _is_int(t) and 0 <= t < vocab_size
+    return is_int(t) and 0 <= t < vocab_size
 
 
 def check_req_ids(req_ids) -> list[str]:
@@ -27,31 +28,27 @@ def check_req_ids(req_ids) -> list[str]:
     return list(req_ids)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-
 def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_logprobs, eos_token_id,
                        strategy, strategy_names, *, group=None, timeout_s=1.0, seed=None, flags=None,
                        group_types: tuple = ()) -> None:
     """The Sampler constructor's arguments (the device is `check_device`'s); ValueError naming the
     first bad one and its allowed range. flags: {name: value} of the True/False arguments.
     group_types: the group classes accepted besides a torch.distributed ProcessGroup."""
-    if not _is_int(vocab_size) or not 1 <= vocab_size < 2**31:
+    if not is_int(vocab_size) or not 1 <= vocab_size < 2**31:
         raise ValueError(f"vocab_size must be an integer in [1, 2**31), got {vocab_size!r}")
     if strategy not in strategy_names:
         raise ValueError(f"strategy must be one of {strategy_names}, got {strategy!r}")
-    if not _is_int(max_num_logits_per_req) or not 1 <= max_num_logits_per_req <= 64:
+    if not is_int(max_num_logits_per_req) or not 1 <= max_num_logits_per_req <= 64:
         raise ValueError(f"max_num_logits_per_req must be an integer in [1, 64], got {max_num_logits_per_req!r}")
-    if not _is_int(max_logprobs) or not 0 <= max_logprobs <= MAX_LOGPROBS:
+    if not is_int(max_logprobs) or not 0 <= max_logprobs <= MAX_LOGPROBS:
         raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {max_logprobs!r}")
-    if not _is_int(max_num_reqs) or not 1 <= max_num_reqs <= MAX_NUM_REQS:
+    if not is_int(max_num_reqs) or not 1 <= max_num_reqs <= MAX_NUM_REQS:
         raise ValueError(f"max_num_reqs must be an integer in [1, {MAX_NUM_REQS}], got {max_num_reqs!r}")
     if eos_token_id is not None and not is_token(eos_token_id, vocab_size):
         raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {eos_token_id!r}")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise ValueError(f"seed must be None or an integer (any size), got {seed!r}")
-    if (not isinstance(timeout_s, numbers.Real) or isinstance(timeout_s, (bool, np.bool_))
+    if (not isinstance(timeout_s, numbers.Real) or is_bool(timeout_s)
             or not (0 < timeout_s <= MAX_TIMEOUT_S)):      # NaN fails the comparison too
         raise ValueError(f"timeout_s must be a number of seconds in (0, 1e9], got {timeout_s!r}")
     if group is not None and not isinstance(group, group_types) and not (
@@ -59,16 +56,17 @@ def check_sampler_args(vocab_size, max_num_reqs, max_num_logits_per_req, max_log
         raise ValueError(f"group must be None, a torch.distributed ProcessGroup or a TPGroup, "
                          f"got {type(group).__name__}")
     for name, value in (flags or {}).items():
-        if not isinstance(value, (bool, np.bool_)):
+        if not is_bool(value):
             raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-def check_device(device) -> Optional[torch.device]:
+def check_device(device, name: str = "device") -> Optional[torch.device]:
     """The sampler's device: None, or a CPU or CUDA device that exists here ("cpu", "cuda",
     "cuda:N" with N < torch.cuda.device_count(), a CUDA index N, or the torch.device of one).
     Other device types ("meta", "mps", ...) are refused: the sampler's tables and kernels are
     built and tested for CPU and CUDA only. The index is read before torch parses it (torch
-    keeps device indices in 8 bits: "cuda:4096" would become cuda:0)."""
+    keeps device indices in 8 bits: "cuda:4096" would become cuda:0). name: the argument (or
+    command-line option) the message names."""
     if device is None:
         return None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -79,13 +77,13 @@ def check_device(device) -> Optional[torch.device]:
     elif isinstance(device, str) and re.fullmatch(r"(cpu|cuda)(:\d+)?", device):
         kind, _, digits = device.partition(":")
         index = int(digits) if digits else None
-    elif _is_int(device):
+    elif is_int(device):
         kind, index = "cuda", int(device)
     else:
         kind, index = None, None
     ok = kind == "cpu" or (kind == "cuda" and count > 0 and (index is None or 0 <= index < count))
     if not ok:
-        raise ValueError(f"device must be {allowed}, got {device!r}")
+        raise ValueError(f"{name} must be {allowed}, got {device!r}")
     return torch.device(kind, index)
 
 
@@ -140,16 +138,16 @@ def check_drafts(drafts, num_reqs: int, vocab_size: int, max_logits_per_req: int
     return arr[:, :most] if arr.shape[1] > most else arr
 
 
-def check_bitmask(mask, num_rows: int, vocab_size: int):
-    if mask is None:
-        return None
+def check_bitmask(mask, num_rows: int, vocab_size: int, *, name: str = "grammar_bitmask", op: str = ""):
+    """None, or a packed int32 grammar mask [num_rows, ceil(V/32)] (bit = allowed). op: the
+    caller named in front of the message ("tpsample.ops.sample"), if any."""
     words = (vocab_size + 31) // 32
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32:
-        raise ValueError(f"grammar_bitmask must be an int32 tensor [rows, {words}]")
-    if tuple(mask.shape) != (num_rows, words):
-        raise ValueError(f"grammar_bitmask must have shape [{num_rows}, {words}] (rows, ceil(V/32)), "
-                         f"got {list(mask.shape)}")
-    return mask
+    if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.int32
+                        and tuple(mask.shape) == (num_rows, words)):
+        return mask
+    got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+    raise ValueError(f"{op + ': ' if op else ''}{name} must be None or an int32 tensor [rows, ceil(V/32)] = "
+                     f"[{num_rows}, {words}], got {got}")
 
 
 def check_logits(x, num_rows: int, width: int, name: str) -> None:

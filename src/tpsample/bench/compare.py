@@ -18,8 +18,7 @@ import gc
 import sys
 import traceback
 
-import torch
-
+from ..numerics import release_device_memory
 from . import compare_columns, flashinfer
 from .report import (
     allocated,
@@ -124,8 +123,7 @@ def run(rows_list=(32, 256, 1024), vocab: int = 151936, iters: int = 21, cases=N
             if out:
                 write({**report, "complete": False}, out)
             del logits
-            if is_cuda(device):
-                torch.cuda.empty_cache()
+            release_device_memory()
     return {**report, "complete": True}
 
 

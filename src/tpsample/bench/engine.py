@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from tpsample.bench.report import copy_bandwidth, finish
 from tpsample.bench.report import print_table as print_whole
+from tpsample.numerics import release_device_memory
 from tpsample.parallel import names
 from tpsample.parallel.names import REPORT_ORDER as STRATEGIES
 
@@ -120,7 +121,7 @@ def hf_generate_tokens_per_s(folder: str, prompts: list[list[int]], max_tokens: 
         wall = time.perf_counter() - start
     num_out = (out.shape[1] - ids.shape[1]) * out.shape[0]
     del model, out
-    torch.cuda.empty_cache()
+    release_device_memory()
     return num_out / wall
 
 

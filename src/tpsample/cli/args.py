@@ -7,7 +7,6 @@ A check raises `UsageError` (or `ValueError`); `tpsample.cli.main` prints it as 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -102,26 +101,21 @@ def csv_choices(choices: tuple[str, ...]):
     return parse
 
 
-def check_model_dir(path: str, option: str = "--model") -> None:
-    """A local HF checkpoint folder: a directory with a readable config.json that is JSON."""
+def read_model_config(path: str, option: str = "--model") -> dict:
+    """config.json of a local HF checkpoint folder, checked: a directory holding a config.json
+    that is a JSON object (`model.config.read_json_object`; it imports torch, so only here)."""
     if not os.path.isdir(path):
         raise UsageError(f"{option} {path!r} is not a directory (a local HF checkpoint folder: config.json "
                          "+ *.safetensors)")
     config = os.path.join(path, "config.json")
+    if not os.path.exists(config):
+        raise UsageError(f"{option} {path!r} has no config.json")
+    from ..model.config import read_json_object
+
     try:
-        with open(config) as f:
-            json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path!r} has no config.json") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{option} {path!r}: config.json is not readable JSON ({e})") from None
-
-
-def read_model_config(path: str, option: str = "--model") -> dict:
-    """config.json of a checked model folder."""
-    check_model_dir(path, option)
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f)
+        return read_json_object(config)
+    except ValueError as e:
+        raise UsageError(f"{option} {path!r}: {e}") from None
 
 
 def check_tp_splits(config: dict, tp: int, what: str) -> None:
@@ -151,19 +145,12 @@ def check_writable_file(path: str, option: str) -> None:
 
 
 def check_device(device: str | None, option: str = "--device") -> None:
-    """cpu, cuda or cuda:N, and CUDA present when asked for."""
-    if device is None:
-        return
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise UsageError(f"{option} must be cpu, cuda or cuda:N, got {device!r}")
-    if kind == "cuda":
-        import torch
+    """A device that exists here, by the Sampler's rule (`validation.check_device`; it imports
+    torch, so only when a device is given), the message naming the option."""
+    if device is not None:
+        from ..validation import check_device as check_device_here
 
-        if not torch.cuda.is_available():
-            raise UsageError(f"{option} {device}: no CUDA device is available here")
-        if index and int(index) >= torch.cuda.device_count():
-            raise UsageError(f"{option} {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+        check_device_here(device, option)
 
 
 def check_gpus_for_ranks(device: str | None, tp: int) -> None:

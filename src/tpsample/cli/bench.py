@@ -12,6 +12,7 @@ import importlib.util
 import os
 
 from ..bench.workloads import CASE_NAMES, CLASSES, WORKLOADS
+from ..numerics import DTYPE_NAMES
 from ..parallel import names
 from .args import (
     UsageError,
@@ -22,7 +23,7 @@ from .args import (
     int_at_least,
     positive_real,
 )
-from .engine_opts import DTYPES, add_engine_args, check_model, open_llm
+from .engine_opts import add_engine_args, check_model, open_llm
 
 STRATEGIES = names.REPORT_ORDER
 # The random model bench engine builds when --model is not given (bench.engine).
@@ -195,7 +196,7 @@ def _engine_parser(what) -> None:
                    help="output tokens per request")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when there is one GPU per rank, else cpu")
-    p.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: float32)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="weights and activations (default: float32)")
     p.add_argument("--kv-cache-tokens", metavar="TOKENS", type=int_at_least(1), default=None,
                    help="fix the KV cache capacity, in tokens (default: sized from memory)")
     p.add_argument("--memory-mib", metavar="MIB", type=int_at_least(1), default=1024,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 
+from ..numerics import DTYPE_NAMES
 from ..parallel import names
+from ..params import RANGES
 from .args import check_gpus_for_ranks, check_tp_splits, int_at_least, read_model_config, real
 
 STRATEGIES = names.ALL
-DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -34,7 +35,7 @@ def add_engine_args(p, *, positional_model: bool = False, max_num_seqs: int = 25
     g.add_argument("--strategy", choices=STRATEGIES, default="auto", help="sampling strategy across ranks")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when there is one GPU per rank, else cpu")
-    g.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations (default: the checkpoint's)")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="weights and activations (default: the checkpoint's)")
     g.add_argument("--max-num-seqs", metavar="N", type=int_at_least(1), default=max_num_seqs,
                    help="requests running at once")
     g.add_argument("--max-model-len", metavar="TOKENS", type=int_at_least(1), default=None,
@@ -90,16 +91,16 @@ def add_sampling_args(p) -> None:
     g = p.add_argument_group("sampling (ranges as tpsample.SamplingParams)")
     g.add_argument("--max-tokens", metavar="N", type=int_at_least(1), default=64,
                    help="output tokens per prompt, at most")
-    g.add_argument("--temperature", metavar="T", type=real, default=1.0, help="0 = greedy, else in [1e-6, 1e6]")
+    g.add_argument("--temperature", metavar="T", type=real, default=1.0, help=RANGES["temperature"].allowed)
     g.add_argument("--top-k", metavar="K", type=int, default=-1, help="keep the k most likely tokens (-1 or 0: off)")
-    g.add_argument("--top-p", metavar="P", type=real, default=1.0, help="nucleus mass in (0, 1] (1: off)")
+    g.add_argument("--top-p", metavar="P", type=real, default=1.0, help=f"nucleus mass {RANGES['top_p'].allowed} (1: off)")
     g.add_argument("--min-p", metavar="P", type=real, default=0.0,
                    help="drop tokens below min_p x the top token's probability (0: off)")
     g.add_argument("--seed", metavar="N", type=int, default=None, help="request seed (default: drawn once per request)")
     g.add_argument("--logprobs", metavar="N", type=int_at_least(0), default=None,
                    help="top-n logprobs per token, n <= 20 (default: none)")
     g.add_argument("--dry-multiplier", metavar="M", type=real, default=0.0, help="DRY penalty scale (0: off)")
-    g.add_argument("--dry-base", metavar="B", type=real, default=1.75, help="DRY growth base, in [1, 100]")
+    g.add_argument("--dry-base", metavar="B", type=real, default=1.75, help=f"DRY growth base, {RANGES['dry_base'].allowed}")
     g.add_argument("--dry-allowed-length", metavar="N", type=int, default=2,
                    help="repeats up to this long go unpenalised")
     g.add_argument("--dry-penalty-last-n", metavar="N", type=int, default=-1,

@@ -47,9 +47,10 @@ from tpsample.engine.config import EngineConfig
 from tpsample.engine.core import LocalClient, WorkerClient, serve_core
 from tpsample.engine.engine import Engine, follow
 from tpsample.engine.hf_files import generation_eos_ids
-from tpsample.engine.runner import ModelRunner, release_device_memory
+from tpsample.engine.runner import ModelRunner
 from tpsample.engine.step import EndOfGenerate, Shutdown, StepChannel
 from tpsample.engine.structured import make_grammar_backend
+from tpsample.numerics import release_device_memory
 from tpsample.parallel.launch import free_port
 
 PARENT_WATCH_S = 0.25

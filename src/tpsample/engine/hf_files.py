@@ -15,7 +15,6 @@ Contract
 """
 from __future__ import annotations
 
-import json
 import numbers
 import os
 
@@ -58,16 +57,7 @@ SAMPLING_FIELDS = {"temperature": ("temperature", False), "top_p": ("top_p", Fal
 def read_generation_config(folder: str) -> dict:
     """The folder's generation_config.json as a dict ({} without one); ValueError naming the file."""
     path = os.path.join(folder, GENERATION_CONFIG)
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:        # JSONDecodeError, UnicodeDecodeError, a directory
-        raise ValueError(f"{path} is not a readable JSON file: {str(e).splitlines()[0]}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
-    return config
+    return read_json_object(path, "is not a readable JSON file") if os.path.exists(path) else {}
 
 
 def check_sampling_defaults(values: dict, source: str) -> dict:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 
+from tpsample.coerce import is_int
+
 _WHAT = ("pass a str, a list of str, a list of token-id lists (e.g. [[1, 2, 3]]), a token-id tensor, "
          "or a tokenizer's BatchEncoding")
 
 
 def _is_ids(p) -> bool:
-    return isinstance(p, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                for t in p)
+    return isinstance(p, (list, tuple)) and all(is_int(t) for t in p)
 
 
 def _is_float(dtype) -> bool:

@@ -21,13 +21,12 @@ Contract
 """
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import torch
 
 import tpsample
 from tpsample.kernels.launcher import kernels_wanted
+from tpsample.numerics import release_device_memory
 from tpsample.engine.blocks import BlockTables
 from tpsample.engine.config import EngineConfig
 from tpsample.engine.kv_cache import MemoryProfile, allocate_kv, size_kv
@@ -167,15 +166,6 @@ class ModelRunner:
             attn.kv_cache = None
         self.graphs = self.kv_cache = self.model = self.sampler = None
         release_device_memory()
-
-
-def release_device_memory() -> None:
-    """Collect what the engine left in reference cycles, then hand the allocator's cached blocks
-    back to the driver (a next engine sizes its KV cache from the driver's free memory)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def _reorder(logits: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -95,16 +95,16 @@ class ConfigFields:
         return ConfigFields(value, self.source, f"{self.prefix}{name}.")
 
 
-def read_json_object(path: str) -> dict:
+def read_json_object(path: str, not_json: str = "is not valid JSON") -> dict:
     """The JSON object in the file; ValueError naming the file when it cannot be read, is not
-    JSON, or holds something other than an object."""
+    JSON (saying `not_json`), or holds something other than an object."""
     try:
         with open(path, "rb") as f:
             value = json.loads(f.read())
     except OSError as e:
         raise ValueError(f"{path} cannot be read: {e.strerror or e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise ValueError(f"{path} {not_json}: {e}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
     return value

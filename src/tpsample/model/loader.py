@@ -18,9 +18,8 @@ from tpsample.model.checkpoint import IGNORED_SUFFIXES, check_checkpoint
 from tpsample.model.config import ModelConfig
 from tpsample.model.llama import CausalLM
 from tpsample.model.parallel_layers import TPGroup
+from tpsample.numerics import DTYPE_NAMES, DTYPES
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # checkpoint module -> (fused module, part): the fused projections are filled part by part
 STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -30,7 +29,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dt
     """None -> the checkpoint's dtype (fp32 if it does not say); strings by common names."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
-            raise ValueError(f"dtype must be one of float32, float16, bfloat16, got {dtype}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype}")
         return dtype
     if dtype is None and cfg.torch_dtype is not None and cfg.torch_dtype not in DTYPES:
         raise ValueError(f"config.json torch_dtype {cfg.torch_dtype!r} is not one of {sorted(DTYPES)}; "

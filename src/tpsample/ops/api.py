@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..params import MAX_LOGPROBS, PROCESSED_MODES
+from ..params import PROCESSED_MODES, RANGES
 from ..parallel import names
 from ..parallel.collectives import Collectives
 from ..parallel.group import DEFAULT_TIMEOUT_S, TPGroup
@@ -27,7 +27,7 @@ from ..parallel.shard import vocab_shard
 from ..sampling.kernel_backend import hints_from_host
 from ..sampling.output import LogprobsOutput
 from ..state.rows import HostRows
-from ..validation import check_draft_probs, check_drafts
+from ..validation import check_bitmask, check_draft_probs, check_drafts
 from . import args as A
 from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .impl import host_params, sample_impl
@@ -77,15 +77,6 @@ def check_vocab(op: str, vocab_size, cols: int, g: TPGroup) -> int:
     return vocab_size
 
 
-def _check_bitmask(op: str, bitmask, rows: int, vocab_size: int):
-    words = (vocab_size + 31) // 32
-    if bitmask is not None and not (isinstance(bitmask, torch.Tensor) and bitmask.dtype == torch.int32
-                                    and tuple(bitmask.shape) == (rows, words)):
-        got = bitmask if not isinstance(bitmask, torch.Tensor) else f"{bitmask.dtype} {list(bitmask.shape)}"
-        raise A.fail(op, "bitmask", f"None or an int32 tensor [rows, ceil(V/32)] = [{rows}, {words}]", got)
-    return bitmask
-
-
 def _row_params(op: str, rows: int, dev, validate: bool, **given) -> tuple[dict, Optional[dict]]:
     """{name: [rows] tensor on dev} and the host copies (None unless every one is known)."""
     out, host = {}, {}
@@ -123,8 +114,8 @@ def _hints(host: Optional[dict], vocab_size: int) -> int:
 def _check_common(op: str, strategy, logprobs, logprobs_mode) -> tuple[int, bool]:
     if strategy not in names.ALL:
         raise A.fail(op, "strategy", f"one of {names.ALL}", strategy)
-    lp = -1 if logprobs is None else A.check_int(op, "logprobs", logprobs, 0, MAX_LOGPROBS,
-                                                  f"None or an integer in [0, {MAX_LOGPROBS}]")
+    top_n = RANGES["logprobs"]
+    lp = -1 if logprobs is None else A.check_int(op, "logprobs", logprobs, top_n.lo, top_n.hi, top_n.allowed)
     if logprobs_mode not in OPS_LOGPROBS_MODES:
         raise A.fail(op, "logprobs_mode", f"one of {OPS_LOGPROBS_MODES} (the logits and temperature modes are "
                      "the Sampler's)", logprobs_mode)
@@ -157,7 +148,7 @@ def sample(logits: torch.Tensor, *, temperature, top_k=None, top_p=None, min_p=N
     lp, processed = _check_common(op, strategy, logprobs, logprobs_mode)
     if not isinstance(validate, bool):
         raise A.fail(op, "validate", "True or False", validate)
-    _check_bitmask(op, bitmask, rows, vocab)
+    check_bitmask(bitmask, rows, vocab, name="bitmask", op=op)
     p, host = _row_params(op, rows, logits.device, validate, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seeds=seeds, positions=positions)
     if g.size == 1:

@@ -15,50 +15,28 @@ Contract:
 """
 from __future__ import annotations
 
+import math
 import numbers
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
-from ..coerce import FP32_TINY, is_bool
+from ..coerce import is_bool
 from ..noise import seed_to_int64
-from ..params import PENALTY_BOUND, REPETITION_PENALTY_RANGE, TEMPERATURE_RANGE
+from ..params import RANGES, Range
 
-
-@dataclass(frozen=True)
-class Spec:
-    """One per-row parameter: its kind, its range in words and as an element-wise predicate
-    (written with comparisons and & | only, so it holds on tensors and numpy arrays alike)."""
-    kind: str                       # "float" (kept as fp32) or "int" (kept as int64)
-    allowed: str
-    ok: Callable
-
-
-_T_LO, _T_HI = TEMPERATURE_RANGE
-_R_LO, _R_HI = REPETITION_PENALTY_RANGE
-SPECS = {
-    "temperature": Spec("float", f"0 (greedy) or in [{_T_LO:g}, {_T_HI:g}]",
-                        lambda v: (v == 0) | ((v >= _T_LO) & (v <= _T_HI))),
-    "top_k": Spec("int", "-1 or 0 (off), or >= 1 (>= V is off)", lambda v: v >= -1),
-    "top_p": Spec("float", "in (0, 1], at least 2**-126", lambda v: (v >= FP32_TINY) & (v <= 1)),
-    "min_p": Spec("float", "0 (off) or in [2**-126, 1]", lambda v: (v == 0) | ((v >= FP32_TINY) & (v <= 1))),
-    "seeds": Spec("int", "integers (a seed mod 2**64, as int64)", lambda v: v == v),
-    "positions": Spec("int", "integers >= 0", lambda v: v >= 0),
-    "repetition": Spec("float", f"in [{_R_LO:g}, {_R_HI:g}] (1 = off)", lambda v: (v >= _R_LO) & (v <= _R_HI)),
-    "frequency": Spec("float", f"in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off)",
-                      lambda v: (v >= -PENALTY_BOUND) & (v <= PENALTY_BOUND)),
-    "presence": Spec("float", f"in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}] (0 = off)",
-                     lambda v: (v >= -PENALTY_BOUND) & (v <= PENALTY_BOUND)),
-    "multiplier": Spec("float", "in [0, 100] (0 = off)", lambda v: (v >= 0) & (v <= 100)),
-    "base": Spec("float", "in [1, 100]", lambda v: (v >= 1) & (v <= 100)),
-    "allowed_length": Spec("int", "in [0, 2**31)", lambda v: (v >= 0) & (v < 2**31)),
-    "penalty_last_n": Spec("int", "-1 (the whole context), 0 (off) or in [1, 2**31)", lambda v: (v >= -1) & (v < 2**31)),
+# each op argument's range: SamplingParams' field it stands for, or the ops' own
+_FIELD_OF = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+             "repetition": "repetition_penalty", "frequency": "frequency_penalty", "presence": "presence_penalty",
+             "multiplier": "dry_multiplier", "base": "dry_base", "allowed_length": "dry_allowed_length",
+             "penalty_last_n": "dry_penalty_last_n"}
+SPECS = {name: RANGES[field] for name, field in _FIELD_OF.items()} | {
+    "seeds": Range(-math.inf, math.inf, "integers (a seed mod 2**64, as int64)", integer=True),
+    "positions": Range(0, math.inf, "integers >= 0", integer=True),
 }
 # what None means for an optional parameter
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition": 1.0, "frequency": 0.0, "presence": 0.0}
-DTYPES = {"float": torch.float32, "int": torch.int64}
 
 
 def tracing() -> bool:
@@ -71,11 +49,6 @@ def fail(op: str, name: str, allowed: str, got) -> ValueError:
     return ValueError(f"{op}: {name} must be {allowed}, got {text[:77] + '...' if len(text) > 80 else text}")
 
 
-def is_token_id(t) -> bool:
-    """A Python or numpy integer in [0, 2**31) (not a bool)."""
-    return isinstance(t, numbers.Integral) and not is_bool(t) and 0 <= t < 2**31
-
-
 def is_int_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
@@ -85,11 +58,11 @@ def per_row(op: str, name: str, value, rows: int, device) -> tuple[torch.Tensor,
     spec = SPECS[name]
     if value is None and name in OFF:
         value = OFF[name]
-    dtype = DTYPES[spec.kind]
+    dtype = torch.int64 if spec.integer else torch.float32
     if isinstance(value, torch.Tensor):
-        good_dtype = value.is_floating_point() if spec.kind == "float" else is_int_dtype(value.dtype)
+        good_dtype = is_int_dtype(value.dtype) if spec.integer else value.is_floating_point()
         if not good_dtype:
-            kind = "a floating-point tensor" if spec.kind == "float" else "an integer tensor"
+            kind = "an integer tensor" if spec.integer else "a floating-point tensor"
             raise fail(op, name, kind, value.dtype)
         if value.dim() != 1 or value.shape[0] != rows:
             raise fail(op, name, f"a scalar or a 1-D tensor of length rows = {rows}", f"shape {list(value.shape)}")
@@ -99,29 +72,29 @@ def per_row(op: str, name: str, value, rows: int, device) -> tuple[torch.Tensor,
             _check_values(op, name, spec, value.detach(), host)
         return value.detach().to(device, dtype), host
     scalar = _scalar(op, name, spec, value)
-    host = None if tracing() else np.full(rows, scalar, dtype=np.float32 if spec.kind == "float" else np.int64)
+    host = None if tracing() else np.full(rows, scalar, dtype=np.int64 if spec.integer else np.float32)
     return torch.full((rows,), scalar, dtype=dtype, device=device), host
 
 
-def _scalar(op: str, name: str, spec: Spec, value):
+def _scalar(op: str, name: str, spec: Range, value):
     """A Python scalar checked against its range (seeds: any integer, taken mod 2**64)."""
-    want = numbers.Real if spec.kind == "float" else numbers.Integral
+    want = numbers.Integral if spec.integer else numbers.Real
     if is_bool(value) or not isinstance(value, want):
         raise fail(op, name, f"a scalar or a 1-D tensor of {spec.allowed}", value)
     if name == "seeds":
         return seed_to_int64(int(value))
-    v = float(value) if spec.kind == "float" else int(value)
-    if spec.kind == "int" and not -(1 << 63) <= v < (1 << 63):
+    v = int(value) if spec.integer else float(value)
+    if spec.integer and not -(1 << 63) <= v < (1 << 63):
         raise fail(op, name, f"{spec.allowed} that fit in int64", value)
-    if not spec.ok(v):             # Python bools: no numpy (a torch.compile trace runs this too)
+    if not spec.holds(v):             # Python bools: no numpy (a torch.compile trace runs this too)
         raise fail(op, name, spec.allowed, value)
     return v
 
 
-def _check_values(op: str, name: str, spec: Spec, t: torch.Tensor, host: np.ndarray) -> None:
+def _check_values(op: str, name: str, spec: Range, t: torch.Tensor, host: np.ndarray) -> None:
     """A host tensor's values (in its own dtype, then as stored: a fp64 0.5e-6 is refused)."""
     for values in (t, host):
-        bad = ~spec.ok(values)
+        bad = ~spec.holds(values)
         if bool(bad.any()):
             i = int(np.flatnonzero(np.asarray(bad))[0])
             raise fail(op, f"{name}[{i}]", spec.allowed, values[i].item())
@@ -132,10 +105,10 @@ def check_device_values(op: str, named: dict) -> None:
     items = [(n, t) for n, t in named.items() if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
     if not items or tracing():
         return
-    flags = torch.stack([(~SPECS[n].ok(t)).any() for n, t in items]).tolist()
+    flags = torch.stack([(~SPECS[n].holds(t)).any() for n, t in items]).tolist()
     for (name, t), bad in zip(items, flags):
         if bad:
-            i = int((~SPECS[name].ok(t)).nonzero()[0, 0])
+            i = int((~SPECS[name].holds(t)).nonzero()[0, 0])
             raise fail(op, f"{name}[{i}]", SPECS[name].allowed, t[i].item())
 
 

@@ -22,12 +22,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..coerce import MAX_TOKEN_ID
 from ..parallel.collectives import Collectives
 from ..parallel.shard import vocab_shard
 from ..parallel.strategies import ShardReducer
 from ..params import MAX_DRY_BREAKER_LEN
 from ..sampling.dry import FLOAT_MAX_LOG, max_exponent
 from ..sampling.output import LogprobsOutput
+from ..validation import is_token
 from . import args as A
 from . import impl  # noqa: F401  (registers torch.ops.tpsample.*)
 from .api import check_vocab, resolve_group
@@ -106,7 +108,7 @@ def _breakers(op: str, breakers, rows: int, dev) -> tuple[torch.Tensor, torch.Te
     seqs = []
     for w in breakers:
         w = list(w) if isinstance(w, (list, tuple)) else [w]
-        if not 1 <= len(w) <= MAX_DRY_BREAKER_LEN or not all(A.is_token_id(t) for t in w):
+        if not 1 <= len(w) <= MAX_DRY_BREAKER_LEN or not all(is_token(t, MAX_TOKEN_ID + 1) for t in w):
             raise A.fail(op, "sequence_breakers", allowed, w)
         seqs.append(w)
     single = sorted({w[0] for w in seqs if len(w) == 1})
