@@ -75,18 +75,40 @@ class Collectives:
         self.stats.add(nbytes, nbytes)
         return out
 
-    def all_to_all(self, inp: torch.Tensor, in_splits: list[int], out_splits: list[int]) -> torch.Tensor:
-        """Rows of `inp` split by in_splits go to each rank; returns rows received, by source rank."""
-        if self.size == 1:
-            return inp
-        inp = inp.contiguous()
-        out = torch.empty((sum(out_splits), *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
-        work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group.pg, async_op=True)
-        self._wait(work, "all_to_all")
-        row = inp[0:1].numel() * inp.element_size() if inp.dim() else inp.element_size()
+    def exchange_rows(self, x: torch.Tensor, row_splits: list[int], out: torch.Tensor,
+                      col_ranges: list[tuple[int, int]]) -> torch.Tensor:
+        """batch_sharded's all-to-all, received where the rows are sampled: x [sum(row_splits),
+        cols] holds this rank's columns of every row, owner by owner (row_splits[d] rows for rank
+        d); out [row_splits[me], V] gets each rank s's columns of this rank's rows at
+        out[:, col_ranges[s]]. One grouped exchange of a message a row (each row's slice of out
+        is contiguous), so nothing is padded, staged or concatenated; rows keep x's dtype."""
         me = self.group.rank
-        self.stats.add(row * (sum(in_splits) - in_splits[me]), row * (sum(out_splits) - out_splits[me]))
+        starts = [0]
+        for n in row_splits:
+            starts.append(starts[-1] + n)
+        s_me, e_me = col_ranges[me]
+        out[:, s_me:e_me].copy_(x[starts[me]:starts[me + 1]])
+        if self.size == 1:
+            return out
+        ops = []
+        for peer in range(self.size):
+            if peer == me:
+                continue
+            rank = self._global(peer)
+            ops += [dist.P2POp(dist.isend, x[r], rank, self.group.pg) for r in range(starts[peer], starts[peer + 1])]
+            s, e = col_ranges[peer]
+            ops += [dist.P2POp(dist.irecv, out[r, s:e], rank, self.group.pg) for r in range(out.shape[0])]
+        for work in dist.batch_isend_irecv(ops) if ops else ():
+            self._wait(work, "exchange_rows")
+        size = x.element_size()
+        sent = (starts[-1] - row_splits[me]) * (e_me - s_me) * size
+        received = out.shape[0] * (sum(e - s for s, e in col_ranges) - (e_me - s_me)) * size
+        self.stats.add(sent, received)
         return out
+
+    def _global(self, rank: int) -> int:
+        """The global rank of this group's `rank` (what point-to-point calls name)."""
+        return rank if self.group.pg is dist.group.WORLD else dist.get_global_rank(self.group.pg, rank)
 
     def broadcast_int(self, value: int, src: int = 0) -> int:
         if self.size == 1:
@@ -94,6 +116,6 @@ class Collectives:
         t = torch.tensor([value], dtype=torch.int64)
         if self.group.backend == "nccl":
             t = t.cuda()
-        self._wait(dist.broadcast(t, src=dist.get_global_rank(self.group.pg, src) if self.group.pg is not dist.group.WORLD else src,
+        self._wait(dist.broadcast(t, src=self._global(src),
                                   group=self.group.pg, async_op=True), "broadcast")
         return int(t.item())

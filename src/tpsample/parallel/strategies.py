@@ -273,20 +273,17 @@ def _gather_vocab(x: torch.Tensor, step: Step) -> torch.Tensor:
 
 
 def _owned_rows(x: torch.Tensor, plan: SamplingPlan, step: Step) -> torch.Tensor:
-    """All-to-all: [rows, V_r] (owner-sorted) -> [rows_own, V] full rows of owned requests."""
+    """[rows, V_r] (owner-sorted) -> [rows_own, V], the full rows of owned requests, received in
+    the buffer that is sampled (no padded copy, no staging, no concatenation)."""
     comm = step.comm
     tp, me = comm.size, comm.group.rank
     if tp == 1:
         return x
-    shards = [vocab_shard(step.vocab_size, tp, r) for r in range(tp)]
-    width = max(e - s for s, e in shards)
     own = plan.rows_per_rank[me]
-    recv = comm.all_to_all(_pad_columns(x, width), list(plan.rows_per_rank), [own] * tp)
-    step.meter.hold(recv.numel() * recv.element_size())
-    recv = recv.view(tp, own, width)
-    full = torch.cat([recv[r, :, : e - s] for r, (s, e) in enumerate(shards)], dim=1)
+    full = torch.empty((own, step.vocab_size), dtype=x.dtype, device=x.device)
     step.meter.hold(full.numel() * full.element_size())
-    return full
+    shards = [vocab_shard(step.vocab_size, tp, r) for r in range(tp)]
+    return comm.exchange_rows(x.contiguous(), list(plan.rows_per_rank), full, shards)
 
 
 def _lp_index(plan: SamplingPlan) -> np.ndarray:
