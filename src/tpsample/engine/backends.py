@@ -55,6 +55,7 @@ from tpsample.parallel.launch import free_port
 
 PARENT_WATCH_S = 0.25
 CLOSE_TIMEOUT_S = 4.0
+DEATH_GRACE_S = 2.0        # how long a rank's failure waits for a peer's death to show (the likelier cause)
 
 
 def resolve_device(cfg: EngineConfig) -> str:
@@ -254,13 +255,24 @@ class MultiprocBackend:
                     if msg[0] == "fatal" and msg[2]:
                         self._fail(f"rank {r} failed during {what}: {msg[1]}", ValueError)
                     if msg[0] == "fatal":
-                        self._fail(f"rank {r} failed during {what}:\n{msg[1]}")
+                        self._fail_with_root_cause(r, what, msg[1])
                     self._inbox[r].append(msg)
             for obj in ready:
                 if obj in sentinels:
                     r = sentinels[obj]
                     self.procs[r].join(timeout=1)       # reap it, so its exit code is known
                     self._fail(f"worker rank {r} died during {what} ({_exit_text(self.procs[r].exitcode)})")
+
+    def _fail_with_root_cause(self, rank: int, what: str, trace: str):
+        """A rank's failure; when another worker died (a killed rank makes its peers' collectives
+        fail first), the death is the cause reported. Waits briefly for that death to show."""
+        others = {p.sentinel: r for r, p in enumerate(self.procs) if r != rank}
+        for obj in wait(list(others), timeout=DEATH_GRACE_S):
+            r = others[obj]
+            self.procs[r].join(timeout=1)
+            if self.procs[r].exitcode not in (None, 0, 1):       # 1: a rank that reported its own failure
+                self._fail(f"worker rank {r} died during {what} ({_exit_text(self.procs[r].exitcode)})")
+        self._fail(f"rank {rank} failed during {what}:\n{trace}")
 
     def _fail(self, why: str, error: type[Exception] = RuntimeError):
         """Stop every worker and raise; a configuration error found by a rank stays a ValueError."""
