@@ -2,7 +2,7 @@
 
 Run as a script (`python tests/sm90_compile.py GROUP`, TRITON_INTERPRET unset, in a process of
 its own: it stubs torch.cuda and Triton's launch for good), it prints one JSON line per case of
-GROUP (`GROUPS`): {"case", "kernels": [the kernels launched, in order], "error": None or
+GROUP (`CASES`): {"case", "kernels": [the kernels launched, in order], "error": None or
 {"kernel", "message"}}.
 
 How: the real entry points (`tpsample.kernels...`) run on fake CUDA tensors (torch's
@@ -12,6 +12,9 @@ Triton's own `run` does (pointers 16-byte aligned, as fresh allocations are) and
 launch for GPUTarget("cuda", 90, 32) through every stage of Triton's pipeline: its frontend
 (types, shapes), its MLIR passes, LLVM's NVPTX backend and ptxas, which alone reads the kernels'
 inline PTX. Triton's interpreter, which the other kernel tests run, checks none of this.
+torch, Triton and tpsample are imported inside the functions: `triton.jit` picks interpreted or
+compiled when a kernel module is imported, so none is imported before `main` unsets
+TRITON_INTERPRET (and the test that imports `CASES` for its groups imports none).
 """
 from __future__ import annotations
 
@@ -21,11 +24,7 @@ import os
 import sys
 import types
 
-ROWS, COLS = 64, 32_768
-# The cases in groups, so that a test runs a few at once; HEAVY holds the variants that take
-# longest to compile (the sorts of c = 1000 and 2048 values, every sample_rows pass again on bf16).
-GROUPS = ("sample_rows", "shard_stats_steps", "heavy")
-HEAVY = "heavy"
+ROWS, COLS = 64, 32_768       # small, but wide enough for the passes' real split geometry
 
 
 def install_fakes():
@@ -84,8 +83,8 @@ _DONE: set = set()
 
 
 def compile_launch(self, *args, grid, warmup, **kwargs):
-    """`JITFunction.run`'s binding and specialisation, then the compile (once per
-    specialisation); launches nothing."""
+    """`JITFunction.run`'s binding and specialisation (as Triton 3.9 does them), then the compile
+    (once per specialisation); launches nothing."""
     import torch
     from triton import knobs
     from triton.runtime.jit import create_function_from_signature
@@ -93,8 +92,9 @@ def compile_launch(self, *args, grid, warmup, **kwargs):
     name = self.fn.__name__
     LAUNCHED.append(name)
     kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):     # those this Triton has
+        if hasattr(knobs.compilation, knob):
+            kwargs[knob] = getattr(knobs.compilation, knob)
     args = [_Ptr(a) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: _Ptr(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     bound, specialization, options = create_function_from_signature(self.signature, self.params, _backend())(
@@ -122,7 +122,7 @@ def _backend():
 
 
 def _compile(fn, signature, constexprs, attrs, options):
-    """triton.compiler.compile's pipeline, without its cache (nothing is written to disk)."""
+    """triton.compiler.compile's pipeline, without its cache (nothing is kept on disk)."""
     from triton._C.libtriton import ir
     from triton.compiler import ASTSource
 
@@ -142,49 +142,74 @@ def _compile(fn, signature, constexprs, attrs, options):
         module = stages[ext](module, metadata)
 
 
-# ---- the cases ------------------------------------------------------------------------------
+# ---- the cases: name -> a call of an entry point (built and run inside the fake tensor mode) --
 
-def cases(group: str) -> dict:
-    """GROUP's cases, name -> a call of an entry point (built and run inside the fake tensor mode)."""
+def _e(*shape, dtype=None):
+    """An uninitialised fake CUDA tensor (fp32 unless `dtype`)."""
+    import torch
+    return torch.empty(*shape, dtype=dtype or torch.float32, device="cuda")
+
+
+def _rows_call(hints, dtype=None, **kw):
+    """`sample_rows` on [ROWS, COLS] logits with `hints` (which passes, which constexprs)."""
     import torch
 
-    from tpsample.kernels import history, shard, shard_band, stats, step_ops
-    from tpsample.kernels.sample import Kept, RowHints, sample_rows, shard_gumbel_argmax
-    from tpsample.state.columns import Layout
+    from tpsample.kernels.sample import sample_rows
+    params = (_e(ROWS), _e(ROWS, dtype=torch.int32), _e(ROWS), _e(ROWS), _e(ROWS, dtype=torch.int64),
+              _e(ROWS, dtype=torch.int64))
+    return lambda: sample_rows(_e(ROWS, COLS, dtype=dtype), *params, hints=hints, nans_out="partials", **kw)
 
-    f32, i32, i64, bf16 = torch.float32, torch.int32, torch.int64, torch.bfloat16
-    r, v, half = ROWS, COLS, COLS // 2
 
-    def e(*shape, dtype=f32):
-        return torch.empty(*shape, dtype=dtype, device="cuda")
+def _top_values_call(c: int, with_t: bool):
+    from tpsample.kernels import shard
+    return lambda: shard.top_values(_e(ROWS, COLS // 2), c, _e(ROWS) if with_t else None)
 
-    def rows(hints, dtype=f32, **kw):
-        params = (e(r), e(r, dtype=i32), e(r), e(r), e(r, dtype=i64), e(r, dtype=i64))
-        return lambda: sample_rows(e(r, v, dtype=dtype), *params, hints=hints, nans_out="partials", **kw)
+
+def sample_rows_cases() -> dict:
+    """sample_rows with each feature that changes its kernels' constexprs."""
+    import torch
+
+    from tpsample.kernels.sample import Kept, RowHints
 
     def hints(filt=False, kp=False, greedy=False, plain=False, p_alone=False):
         return RowHints(any_filter=filt, any_top_k_or_p=kp, any_greedy=greedy, any_plain=plain,
                         any_top_p_alone=p_alone)
 
-    def top_values(c, t):
-        return lambda: shard.top_values(e(r, half), c, e(r) if t else None)
+    every, i64 = RowHints(), torch.int64
+    return {
+        "sample_rows greedy": _rows_call(hints(greedy=True)),
+        "sample_rows plain": _rows_call(hints(plain=True)),
+        "sample_rows top-k": _rows_call(hints(filt=True, kp=True)),
+        "sample_rows top-p": _rows_call(hints(filt=True, kp=True, p_alone=True)),
+        "sample_rows top-k+top-p": _rows_call(every),
+        "sample_rows min-p": _rows_call(hints(filt=True, plain=True)),
+        "sample_rows top-n-sigma": _rows_call(every, n_sigma=_e(ROWS)),
+        "sample_rows kept": _rows_call(every, kept=Kept(_e(ROWS, dtype=i64))),
+        "sample_rows kept+xtc": _rows_call(every, n_sigma=_e(ROWS),
+                                           kept=Kept(_e(ROWS, dtype=i64), _e(ROWS), _e(ROWS, dtype=torch.bool))),
+    }
 
-    every = RowHints()
-    if group == "sample_rows":
-        return {
-            "sample_rows greedy": rows(hints(greedy=True)),
-            "sample_rows plain": rows(hints(plain=True)),
-            "sample_rows top-k": rows(hints(filt=True, kp=True)),
-            "sample_rows top-p": rows(hints(filt=True, kp=True, p_alone=True)),
-            "sample_rows top-k+top-p": rows(every),
-            "sample_rows min-p": rows(hints(filt=True, plain=True)),
-            "sample_rows top-n-sigma": rows(every, n_sigma=e(r)),
-            "sample_rows kept": rows(every, kept=Kept(e(r, dtype=i64))),
-            "sample_rows kept+xtc": rows(every, n_sigma=e(r), kept=Kept(e(r, dtype=i64), e(r), e(r, dtype=torch.bool))),
-        }
-    if group == HEAVY:
-        return {"sample_rows bf16": rows(every, bf16),
-                **{f"shard top_values c{c}{' T' * t}": top_values(c, t) for c in (1000, 2048) for t in (False, True)}}
+
+def heavy_cases() -> dict:
+    """The variants that take longest to compile: the sorts of c = 1000 and 2048 values, and
+    every sample_rows pass again on bf16 logits."""
+    import torch
+
+    from tpsample.kernels.sample import RowHints
+    return {"sample_rows bf16": _rows_call(RowHints(), torch.bfloat16),
+            **{f"shard top_values c{c}{' T' * t}": _top_values_call(c, t) for c in (1000, 2048) for t in (False, True)}}
+
+
+def shard_stats_steps_cases() -> dict:
+    """The shard passes, the logprob statistics, the per-step ops and the penalties."""
+    import torch
+
+    from tpsample.kernels import history, shard, shard_band, stats, step_ops
+    from tpsample.kernels.sample import shard_gumbel_argmax
+    from tpsample.state.columns import Layout
+
+    e, i32, i64, bf16 = _e, torch.int32, torch.int64, torch.bfloat16
+    r, v, half = ROWS, COLS, COLS // 2
     cols = Layout.of(()).columns
     prepare_cols = {"T": cols["temperature"], "TOP_P": cols["top_p"], "MIN_P": cols["min_p"], "SEED": cols["seed"],
                     "TOP_K": cols["top_k"], "PROMPT_LEN": cols["prompt_len"]}
@@ -200,7 +225,7 @@ def cases(group: str) -> dict:
             e(8, 512, dtype=i64), e(r, dtype=i64), lp_cols, 6, temperature=e(r)),
         "shard front": lambda: shard.front(e(r, half, dtype=bf16), half),
         "shard front copy": lambda: shard.front(e(r, half, dtype=bf16), half, e(r, half)),
-        **{f"shard top_values c{c}{' T' * t}": top_values(c, t) for c in (20, 51) for t in (False, True)},
+        **{f"shard top_values c{c}{' T' * t}": _top_values_call(c, t) for c in (20, 51) for t in (False, True)},
         "shard tie_counts": lambda: shard.tie_counts(e(r, half), e(r), 20),
         "shard tie_counts T": lambda: shard.tie_counts(e(r, half), e(r), 20, e(r)),
         "shard gumbel_draw": lambda: shard.gumbel_draw(e(r, half), e(r), *keys, half),
@@ -223,6 +248,11 @@ def cases(group: str) -> dict:
     }
 
 
+# The cases in groups, so that a test runs a few at once (HEAVY: the slowest to compile).
+CASES = {"sample_rows": sample_rows_cases, "shard_stats_steps": shard_stats_steps_cases, "heavy": heavy_cases}
+GROUPS, HEAVY = tuple(CASES), "heavy"
+
+
 def run_case(name: str, call, mode) -> dict:
     LAUNCHED.clear()
     error = None
@@ -240,7 +270,7 @@ def main(group: str) -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     mode = install_fakes()
     with mode:           # the cases' tensors are fake too
-        table = cases(group)
+        table = CASES[group]()
     for name, call in table.items():
         print(json.dumps(run_case(name, call, mode)), flush=True)
 
