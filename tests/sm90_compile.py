@@ -204,7 +204,7 @@ def shard_stats_steps_cases() -> dict:
     """The shard passes, the logprob statistics, the per-step ops and the penalties."""
     import torch
 
-    from tpsample.kernels import history, shard, shard_band, stats, step_ops
+    from tpsample.kernels import penalties, shard, shard_band, stats, step_ops
     from tpsample.kernels.sample import shard_gumbel_argmax
     from tpsample.state.columns import Layout
 
@@ -238,11 +238,11 @@ def shard_stats_steps_cases() -> dict:
         "prepare_rows": lambda: step_ops.prepare_rows(e(6, 512), e(8, 512, dtype=i64), e(512, dtype=i64), *keys,
                                                       0x1234, prepare_cols),
         "mask_nans_": lambda: step_ops.mask_nans_(e(r, v)),
-        "apply_penalties_ sorted": lambda: history.apply_penalties_(
+        "apply_penalties_ sorted": lambda: penalties.apply_penalties_(
             e(r, v), 0, *keys, e(r, 64, dtype=i64), e(512, 128, dtype=i32), 100, e(6, 512), pen_cols),
-        "apply_penalties_ ordered": lambda: history.apply_penalties_(
+        "apply_penalties_ ordered": lambda: penalties.apply_penalties_(
             e(r, v), 0, *keys, e(512, 257, dtype=i32), None, 0, e(6, 512), pen_cols, e(512, dtype=i64)),
-        "append_history": lambda: history.append_history(
+        "append_history": lambda: step_ops.append_history(
             e(512, 257, dtype=i32), e(512, 257, dtype=i32), e(512, dtype=i64), e(r, dtype=i64), e(r, 1, dtype=i64),
             e(r, dtype=i64)),
     }
